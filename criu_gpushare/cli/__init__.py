@@ -1,0 +1,42 @@
+"""The `criu-gpushare` command line: one module per command, registered here.
+
+Errors from the package (criu_gpushare.errors.Error) become one line on stderr and their exit code;
+anything else is a bug and keeps its traceback.
+"""
+import sys
+
+import click
+
+from .. import __version__
+from ..errors import Error
+
+
+class _Main(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except Error as e:
+            click.echo(f"criu-gpushare: {e}", err=True)
+            sys.exit(e.exit_code)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="criu-gpushare")
+def main():
+    """Checkpoint and restore NVIDIA GPU processes, including groups that share GPU memory."""
+
+
+def _register():
+    from . import doctor, run
+
+    for cmd in (doctor.doctor, run.run, run.shim_path):
+        main.add_command(cmd)
+    try:  # the chunk-store commands live in their own module (criu_gpushare/cli/store.py)
+        from . import store
+    except ImportError:
+        pass
+    else:
+        main.add_command(store.store)
+
+
+_register()

@@ -1,0 +1,73 @@
+"""Every error the tool reports, and its exit code, in one place.
+
+The docstring of each class is its message template. Exit codes:
+  0 success
+  1 an unexpected error (a bug: please report it with the traceback)
+  2 usage error (bad command line)
+  3..63 the specific errors below; a script may rely on them (documented in the README)
+"""
+
+EXIT_OK = 0
+EXIT_BUG = 1
+EXIT_USAGE = 2
+
+
+class Error(Exception):
+    """Error: {}"""
+
+    exit_code = 3
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.args = args
+
+    def __str__(self):
+        return self.__doc__.format(*self.args)
+
+
+class NoGpuError(Error):
+    """no usable NVIDIA GPU: {}"""
+
+    exit_code = 3
+
+
+class DriverError(Error):
+    """CUDA driver: {}"""
+
+    exit_code = 4
+
+
+class ProcessError(Error):
+    """process {}: {}"""
+
+    exit_code = 5
+
+
+class StoreError(Error):
+    """chunk store: {}"""
+
+    exit_code = 6
+
+
+class BusyError(Error):
+    """busy: {}"""
+
+    exit_code = 7
+
+
+class ShimError(Error):
+    """shim: {}"""
+
+    exit_code = 8
+
+
+class ConfigError(Error):
+    """configuration: {}"""
+
+    exit_code = 9
+
+
+class CheckFailed(Error):
+    """{} check(s) failed"""
+
+    exit_code = 10

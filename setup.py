@@ -1,0 +1,89 @@
+"""Native build only: compiles the LD_PRELOAD shim (shim/src/*.c) into criu_gpushare/libcriu_gpushare.so.
+
+The shim is plain C, not a Python extension. It is compiled against the CUDA 13 `cuda.h` found in
+this order, and never linked against libcuda (it finds the driver at run time):
+  1. $CUDA_HOME/include
+  2. /usr/local/cuda/include
+  3. the `nvidia-cuda-runtime` wheel (a build requirement: nvidia/cu13/include)
+Anything else is a fatal error that says what to set.
+"""
+import glob
+import os
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+SHIM_NAME = "criu_gpushare.libcriu_gpushare"
+CFLAGS = ["-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",
+          "-D_GNU_SOURCE"]
+MIN_CUDA_VERSION = 13000
+
+
+def cuda_header_dirs():
+    """Candidate include dirs, in the documented order."""
+    if os.environ.get("CUDA_HOME"):
+        yield "CUDA_HOME", os.path.join(os.environ["CUDA_HOME"], "include")
+    yield "/usr/local/cuda", "/usr/local/cuda/include"
+    try:
+        import nvidia  # namespace package of the nvidia-* wheels
+        for root in nvidia.__path__:
+            yield "nvidia-cuda-runtime wheel", os.path.join(root, "cu13", "include")
+    except ImportError:
+        pass
+
+
+def cuda_version(include_dir):
+    with open(os.path.join(include_dir, "cuda.h")) as f:
+        for line in f:
+            if line.startswith("#define CUDA_VERSION "):
+                return int(line.split()[2])
+    return 0
+
+
+def find_cuda_include():
+    seen = []
+    for origin, d in cuda_header_dirs():
+        if not os.path.isfile(os.path.join(d, "cuda.h")):
+            continue
+        v = cuda_version(d)
+        if v >= MIN_CUDA_VERSION:
+            return d
+        seen.append(f"{d} (CUDA_VERSION {v})")
+    sys.exit("criu-gpushare: no CUDA 13 cuda.h found. Looked in $CUDA_HOME/include, "
+             "/usr/local/cuda/include and the nvidia-cuda-runtime wheel"
+             + (f"; too old: {', '.join(seen)}" if seen else "")
+             + ". Set CUDA_HOME to a CUDA 13 toolkit or `pip install nvidia-cuda-runtime`.")
+
+
+class BuildShim(build_ext):
+    """Builds the shim as a plain shared library named libcriu_gpushare.so."""
+
+    def get_ext_filename(self, ext_name):
+        # Called with the full dotted name or with its last part only (setuptools does both).
+        if SHIM_NAME == ext_name or SHIM_NAME.endswith("." + ext_name):
+            return os.path.join(*ext_name.split(".")) + ".so"
+        return super().get_ext_filename(ext_name)
+
+    def get_export_symbols(self, ext):
+        return ext.export_symbols  # not a Python module: no PyInit_ symbol
+
+    def get_libraries(self, ext):
+        return ext.libraries  # never libpython: the shim is preloaded into any program
+
+    def build_extension(self, ext):
+        ext.include_dirs.append(find_cuda_include())
+        super().build_extension(ext)
+
+
+shim = Extension(
+    SHIM_NAME,
+    sources=sorted(glob.glob("shim/src/*.c")),
+    include_dirs=["shim/include"],
+    depends=sorted(glob.glob("shim/include/*.h") + glob.glob("shim/src/*.h")),
+    extra_compile_args=CFLAGS,
+    extra_link_args=["-Wl,--no-undefined", "-Wl,-z,defs"],
+    libraries=["dl", "pthread"],
+)
+
+setup(ext_modules=[shim], cmdclass={"build_ext": BuildShim})
