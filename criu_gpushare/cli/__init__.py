@@ -31,12 +31,17 @@ def _register():
 
     for cmd in (doctor.doctor, run.run, run.shim_path):
         main.add_command(cmd)
-    try:  # the chunk-store commands live in their own module (criu_gpushare/cli/store.py)
-        from . import store
-    except ImportError:
-        pass
-    else:
-        main.add_command(store.store)
+    import importlib
+
+    # Commands whose modules land one by one; each module defines a click command of its name.
+    for name in ("store", "status"):
+        try:
+            module = importlib.import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            continue
+        main.add_command(getattr(module, name))
 
 
 _register()
