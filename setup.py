@@ -76,14 +76,17 @@ class BuildShim(build_ext):
         super().build_extension(ext)
 
 
-shim = Extension(
-    SHIM_NAME,
-    sources=sorted(glob.glob("shim/src/*.c")),
-    include_dirs=["shim/include"],
-    depends=sorted(glob.glob("shim/include/*.h") + glob.glob("shim/src/*.h")),
-    extra_compile_args=CFLAGS,
-    extra_link_args=["-Wl,--no-undefined", "-Wl,-z,defs"],
-    libraries=["dl", "pthread"],
-)
+def shim_extension():
+    return Extension(
+        SHIM_NAME,
+        sources=sorted(glob.glob("shim/src/*.c")),
+        include_dirs=["shim/include"],
+        depends=sorted(glob.glob("shim/include/*.h") + glob.glob("shim/src/*.h")),
+        extra_compile_args=CFLAGS,
+        extra_link_args=["-Wl,--no-undefined", "-Wl,-z,defs"],
+        libraries=["dl", "pthread"],
+    )
 
-setup(ext_modules=[shim], cmdclass={"build_ext": BuildShim})
+
+if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it for its helpers
+    setup(ext_modules=[shim_extension()], cmdclass={"build_ext": BuildShim})

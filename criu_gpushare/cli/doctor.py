@@ -1,9 +1,186 @@
-"""`criu-gpushare doctor`: placeholder until the checks land (next commit)."""
+"""`criu-gpushare doctor [--json]`: can this machine checkpoint GPU processes? Each check says how to fix it.
+
+Checks run in order and never raise: a failing check is reported with its fix and the exit code is
+CheckFailed's when any check failed. Warnings (e.g. persistence mode unknown) do not fail.
+"""
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+
 import click
+
+from .. import driver as drv
+from ..errors import CheckFailed, Error
+from ..shimlib import shim_path, shim_version
+
+MIN_DRIVER = (580, 0)
+MIN_CRIU = (4, 0)
+PASS, FAIL, WARN = "pass", "fail", "warn"
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    status: str
+    detail: str
+    fix: str = ""
+
+
+def _version_tuple(text):
+    return tuple(int(x) for x in text.split(".")[:2])
+
+
+def check_driver():
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            m = re.search(r"Kernel Module\s+(?:for\s+\S+\s+)?(\d+\.\d+(?:\.\d+)?)", f.read())
+    except OSError:
+        m = None
+    try:
+        api = drv.cuda_version()
+    except Error as e:
+        return Check("driver", FAIL, str(e), "install the NVIDIA driver >= 580 and its libcuda.so.1")
+    api_text = f"CUDA {api // 1000}.{api % 1000 // 10}"
+    if not m:
+        return Check("driver", FAIL, f"libcuda loads ({api_text}) but /proc/driver/nvidia/version "
+                     "is missing: the kernel module is not loaded",
+                     "load the nvidia kernel module (driver >= 580)")
+    version = m.group(1)
+    if _version_tuple(version) < MIN_DRIVER:
+        return Check("driver", FAIL, f"{version} ({api_text})", "upgrade the NVIDIA driver to >= 580")
+    return Check("driver", PASS, f"{version} ({api_text})")
+
+
+def check_checkpoint_api():
+    try:
+        missing = [s for s in drv.CHECKPOINT_SYMBOLS if not drv.has_symbol(s)]
+    except Error as e:
+        return Check("checkpoint-api", FAIL, str(e), "install the NVIDIA driver >= 580")
+    if missing:
+        return Check("checkpoint-api", FAIL, "missing " + ", ".join(missing),
+                     "upgrade the NVIDIA driver to >= 580 (the checkpoint API came with 570, "
+                     "restoring onto other GPUs with 580)")
+    return Check("checkpoint-api", PASS, f"all {len(drv.CHECKPOINT_SYMBOLS)} cuCheckpointProcess* symbols")
+
+
+def _persistence_modes():
+    """{uuid: 'Enabled'|'Disabled'} from nvidia-smi, or None when it cannot tell."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=uuid,persistence_mode", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return dict(tuple(x.strip() for x in line.split(",", 1)) for line in out.splitlines() if "," in line)
+
+
+def check_gpus():
+    try:
+        gpus = drv.gpus()
+    except Error as e:
+        return [Check("gpus", FAIL, str(e), "criu-gpushare needs a machine with an NVIDIA GPU")]
+    if not gpus:
+        return [Check("gpus", FAIL, "no GPU visible", "check CUDA_VISIBLE_DEVICES and nvidia-smi")]
+    checks = [Check("gpus", PASS, "; ".join(f"{i}: {name} {uuid}" for i, name, uuid in gpus))]
+    modes = _persistence_modes()
+    if modes is None:
+        checks.append(Check("persistence-mode", WARN, "unknown (nvidia-smi not available)",
+                            "enable it: nvidia-smi -pm 1 (or nvidia-persistenced)"))
+    else:
+        off = [uuid for _, _, uuid in gpus if modes.get(uuid, "").lower() != "enabled"]
+        if off:
+            checks.append(Check("persistence-mode", FAIL, "disabled on " + ", ".join(off),
+                                "enable it: nvidia-smi -pm 1 (or run nvidia-persistenced); "
+                                "the driver's restore needs it"))
+        else:
+            checks.append(Check("persistence-mode", PASS, "enabled on every GPU"))
+    return checks
+
+
+def check_criu():
+    criu = shutil.which("criu")
+    if not criu:
+        return [Check("criu", FAIL, "criu not found in PATH", "install CRIU >= 4.0")]
+    try:
+        out = subprocess.run([criu, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return [Check("criu", FAIL, f"{criu} --version: {e}", "reinstall CRIU >= 4.0")]
+    m = re.search(r"Version:\s*(\d+\.\d+(?:\.\d+)?)", out)
+    if not m or _version_tuple(m.group(1)) < MIN_CRIU:
+        return [Check("criu", FAIL, f"{criu}: {out.strip() or 'no version'}",
+                      "install CRIU >= 4.0 (older ones fail on recent kernels)")]
+    checks = [Check("criu", PASS, f"{m.group(1)} at {criu}")]
+    try:
+        r = subprocess.run([criu, "check"], capture_output=True, text=True, timeout=120)
+        detail = (r.stdout + r.stderr).strip().splitlines()
+        ok = r.returncode == 0
+        checks.append(Check("criu-check", PASS if ok else FAIL, detail[-1] if detail else f"exit {r.returncode}",
+                            "" if ok else "run `criu check` as root and fix what it reports"))
+    except (OSError, subprocess.SubprocessError) as e:
+        checks.append(Check("criu-check", FAIL, str(e), "run `criu check` as root"))
+    return checks
+
+
+def check_pycriu():
+    try:
+        import pycriu  # noqa: F401  (ships with CRIU, not on PyPI)
+    except ImportError as e:
+        return Check("pycriu", FAIL, str(e), "install CRIU's python3-pycriu package, "
+                     "or put its dist-packages on PYTHONPATH")
+    return Check("pycriu", PASS, os.path.dirname(pycriu.__file__))
+
+
+def check_shim():
+    try:
+        path = shim_path()
+        version, protocol = shim_version(path)
+    except Error as e:
+        return Check("shim", FAIL, str(e), "reinstall criu-gpushare: pip install criu-gpushare")
+    return Check("shim", PASS, f"{version} (protocol {protocol}) at {path}")
+
+
+def check_store():
+    try:
+        from ..config import load_settings
+        store = load_settings().store
+    except ImportError:
+        return Check("store", FAIL, "store settings module missing", "reinstall criu-gpushare")
+    except Error as e:
+        return Check("store", FAIL, str(e), "fix the configuration file or environment variable")
+    probe = store
+    while not os.path.isdir(probe):  # the store is created on first use: check where it would be
+        probe = os.path.dirname(probe)
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return Check("store", FAIL, f"{store}: {probe} is not writable",
+                     "set CRIU_GPUSHARE_STORE or the config file's store to a writable directory")
+    return Check("store", PASS, store if probe == store else f"{store} (created on first use)")
+
+
+def run_checks():
+    checks = [check_driver(), check_checkpoint_api(), *check_gpus(), *check_criu(), check_pycriu(),
+              check_shim(), check_store()]
+    return checks
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the checks as JSON.")
 def doctor(as_json):
     """Check that this machine can checkpoint GPU processes, and say how to fix what fails."""
-    raise click.ClickException("doctor: not written yet")
+    checks = run_checks()
+    failed = [c for c in checks if c.status == FAIL]
+    if as_json:
+        click.echo(json.dumps({"ok": not failed, "checks": [dataclasses.asdict(c) for c in checks]},
+                              indent=2))
+    else:
+        width = max(len(c.name) for c in checks)
+        for c in checks:
+            click.echo(f"{c.status.upper():4}  {c.name:{width}}  {c.detail}")
+            if c.fix and c.status != PASS:
+                click.echo(f"{'':4}  {'':{width}}  fix: {c.fix}")
+    if failed:
+        raise CheckFailed(len(failed))

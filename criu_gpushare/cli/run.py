@@ -1,5 +1,6 @@
 """`criu-gpushare run -- CMD...` and `criu-gpushare shim-path`."""
 import os
+import sys
 
 import click
 
@@ -22,7 +23,8 @@ def run(command):
     try:
         os.execvpe(command[0], list(command), env)
     except OSError as e:
-        raise click.ClickException(f"cannot run {command[0]}: {e.strerror}") from e
+        click.echo(f"criu-gpushare run: cannot run {command[0]}: {e.strerror}", err=True)
+        sys.exit(127 if isinstance(e, FileNotFoundError) else 126)  # as a shell would
 
 
 @click.command("shim-path")

@@ -1,0 +1,81 @@
+"""The CUDA driver, through cuda-python: loading it with clear errors, and checking results.
+
+cuda-bindings opens libcuda.so.1 at the first call. On a machine without the NVIDIA driver that
+raises from deep inside cuda-pathfinder; here it becomes NoGpuError with what to do.
+"""
+import functools
+
+from .errors import DriverError, NoGpuError
+
+CHECKPOINT_SYMBOLS = (
+    "cuCheckpointProcessLock",
+    "cuCheckpointProcessCheckpoint",
+    "cuCheckpointProcessRestore",
+    "cuCheckpointProcessUnlock",
+    "cuCheckpointProcessGetState",
+    "cuCheckpointProcessGetRestoreThreadId",
+)
+
+
+@functools.lru_cache(maxsize=None)
+def driver():
+    """cuda.bindings.driver after a successful cuInit(0)."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError as e:
+        raise NoGpuError(f"cuda-bindings is not installed ({e}): pip install cuda-bindings") from e
+    try:
+        (err,) = cu.cuInit(0)
+    except Exception as e:  # cuda-pathfinder's DynamicLibNotFoundError, RuntimeError
+        raise NoGpuError("the NVIDIA driver library libcuda.so.1 cannot be loaded "
+                         f"({type(e).__name__}); install the NVIDIA driver (>= 580)") from e
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise NoGpuError(f"cuInit failed: {error_name(cu, err)}")
+    return cu
+
+
+def error_name(cu, err):
+    res, name = cu.cuGetErrorName(err)
+    return name.decode() if res == cu.CUresult.CUDA_SUCCESS and name else f"CUresult {int(err)}"
+
+
+def check(result, what):
+    """Unpack a cuda-python result tuple (err, *values); raise DriverError naming `what` on error."""
+    cu = driver()
+    err, *values = result
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise DriverError(f"{what}: {error_name(cu, err)}")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def cuda_version():
+    """The CUDA API version the driver implements (13000 for driver 580)."""
+    cu = driver()
+    return check(cu.cuDriverGetVersion(), "cuDriverGetVersion")
+
+
+def has_symbol(name):
+    """Whether the driver exports `name` (asked through cuGetProcAddress, like cuda-python does)."""
+    cu = driver()
+    err, _, status = cu.cuGetProcAddress(name.encode(), cuda_version(), 0)
+    return (err == cu.CUresult.CUDA_SUCCESS
+            and status == cu.CUdriverProcAddressQueryResult.CU_GET_PROC_ADDRESS_SUCCESS)
+
+
+def gpus():
+    """[(index, name, uuid string 'GPU-...')] of the visible GPUs."""
+    cu = driver()
+    out = []
+    for i in range(check(cu.cuDeviceGetCount(), "cuDeviceGetCount")):
+        dev = check(cu.cuDeviceGet(i), "cuDeviceGet")
+        name = check(cu.cuDeviceGetName(256, dev), "cuDeviceGetName").split(b"\0")[0].decode()
+        out.append((i, name, format_uuid(check(cu.cuDeviceGetUuid(dev), "cuDeviceGetUuid").bytes)))
+    return out
+
+
+def format_uuid(raw):
+    """16 bytes as nvidia-smi prints them: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx."""
+    h = bytes(raw).hex()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"

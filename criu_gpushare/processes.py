@@ -1,0 +1,59 @@
+"""Finding the processes of a workload and what each of them holds (GPU device files, the shim)."""
+import os
+
+import psutil
+
+from .errors import ProcessError
+from .shimlib import SHIM_FILENAME
+
+GPU_DEVICE_PREFIX = "/dev/nvidia"
+
+
+def process_tree(pid):
+    """[pid, descendants...] of a running process; ProcessError when it does not exist."""
+    try:
+        root = psutil.Process(pid)
+        return [pid] + [p.pid for p in root.children(recursive=True)]
+    except psutil.NoSuchProcess as e:
+        raise ProcessError(pid, "no such process") from e
+    except psutil.AccessDenied as e:
+        raise ProcessError(pid, "permission denied (run as root or as the process's user)") from e
+
+
+def _maps_paths(pid):
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split(None, 5)[5].strip() for line in f if len(line.split(None, 5)) == 6}
+    except FileNotFoundError as e:
+        raise ProcessError(pid, "no such process") from e
+    except PermissionError as e:
+        raise ProcessError(pid, "cannot read /proc/%d/maps: permission denied" % pid) from e
+
+
+def gpu_device_fds(pid):
+    """{fd: target} of the /dev/nvidia* files a process holds open."""
+    fds = {}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError as e:
+        raise ProcessError(pid, "no such process") from e
+    except PermissionError as e:
+        raise ProcessError(pid, f"cannot list /proc/{pid}/fd: permission denied") from e
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile
+        if target.startswith(GPU_DEVICE_PREFIX):
+            fds[int(name)] = target
+    return fds
+
+
+def uses_cuda(pid):
+    """Whether the process has the CUDA driver loaded (libcuda mapped)."""
+    return any(os.path.basename(p).startswith("libcuda.so") for p in _maps_paths(pid))
+
+
+def has_shim(pid):
+    """Whether the process runs with criu-gpushare's shim loaded."""
+    return any(os.path.basename(p) == SHIM_FILENAME for p in _maps_paths(pid))

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The main job, from a fresh checkout: install criu-gpushare into ./.venv, check the machine, then run
+# a GPU workload under the shim and check its memory.
+#   scripts/main.sh
+# Exits 3 on a machine without a usable NVIDIA GPU, saying so.
+# As the tool grows, this job grows with it: the workload is suspended and resumed in place once
+# `criu-gpushare suspend` exists.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv --system-site-packages .venv   # keeps a GPU machine's cuda-bindings and torch
+fi
+.venv/bin/python -m pip install -q . 2>/dev/null || .venv/bin/python -m pip install -q --no-build-isolation .  # offline GPU machines
+bin=.venv/bin
+
+if [ ! -e /proc/driver/nvidia/version ]; then
+  echo "main.sh: this machine has no NVIDIA GPU driver (/proc/driver/nvidia is missing)." >&2
+  echo "main.sh: criu-gpushare checkpoints GPU processes and needs an NVIDIA GPU with driver >= 580." >&2
+  "$bin/criu-gpushare" doctor || true
+  exit 3
+fi
+"$bin/criu-gpushare" doctor || echo "main.sh: some checks failed (above); continuing with what works" >&2
+
+work=$(mktemp -d); trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
+"$bin/criu-gpushare" run -- "$bin/python" examples/hold_gpu_memory.py --mib 1024 --ready-file "$work/ready" &
+pid=$!
+for _ in $(seq 600); do [ -e "$work/ready" ] && break; sleep 0.1; done
+[ -e "$work/ready" ] || { echo "main.sh: the workload did not start" >&2; exit 1; }
+grep libcriu_gpushare "/proc/$pid/maps" >/dev/null && echo "main.sh: workload $pid runs with the shim"
+kill -TERM "$pid"; wait "$pid"
+echo "main.sh: done"
