@@ -1,0 +1,212 @@
+"""The driver's process checkpoint API (cuCheckpointProcess*), called from threads of this process.
+
+Rules from the driver's behaviour (see README "Why it exists" and tests/probes):
+- Every call is made from this one long-lived process; several pids are handled at once by threads.
+  Calls made at the same time from two *processes* never returned on driver 580 and ignored SIGTERM,
+  so a node-wide lock (DriverLock) keeps two criu-gpushare runs from overlapping.
+- A call that does not return in time cannot be cancelled: it is reported with the pid and the
+  operation, and its thread is left behind (daemon) rather than blocking the tool for ever.
+- The caller must have called cuInit (restore needs it, or persistence mode).
+"""
+import enum
+import errno
+import fcntl
+import os
+import threading
+import time
+
+from . import driver as drv
+from .errors import BusyError, DriverError
+
+DEFAULT_LOCK_PATH = "/run/lock/criu-gpushare-driver.lock"
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    LOCKED = "locked"
+    CHECKPOINTED = "checkpointed"
+    FAILED = "failed"
+    CHECKPOINTING = "checkpointing"
+    RESTORING = "restoring"
+
+
+def _state_from_driver(value):
+    cu = drv.driver()
+    names = {cu.CUprocessState.CU_PROCESS_STATE_RUNNING: State.RUNNING,
+             cu.CUprocessState.CU_PROCESS_STATE_LOCKED: State.LOCKED,
+             cu.CUprocessState.CU_PROCESS_STATE_CHECKPOINTED: State.CHECKPOINTED,
+             cu.CUprocessState.CU_PROCESS_STATE_FAILED: State.FAILED}
+    for extra in ("CHECKPOINTING", "RESTORING"):  # newer bindings only
+        member = getattr(cu.CUprocessState, f"CU_PROCESS_STATE_{extra}", None)
+        if member is not None:
+            names[member] = State[extra]
+    return names[value]
+
+
+def state(pid):
+    cu = drv.driver()
+    return _state_from_driver(drv.check(cu.cuCheckpointProcessGetState(pid), f"get state of pid {pid}"))
+
+
+def restore_thread_id(pid):
+    """The thread of `pid` that carries out checkpoint operations (a freezer must spare it)."""
+    cu = drv.driver()
+    return drv.check(cu.cuCheckpointProcessGetRestoreThreadId(pid), f"get restore thread of pid {pid}")
+
+
+def _lock(pid, timeout_ms):
+    cu = drv.driver()
+    args = cu.CUcheckpointLockArgs()
+    args.timeoutMs = timeout_ms
+    drv.check(cu.cuCheckpointProcessLock(pid, args), f"lock pid {pid}")
+
+
+def _checkpoint(pid):
+    cu = drv.driver()
+    drv.check(cu.cuCheckpointProcessCheckpoint(pid, None), f"checkpoint pid {pid}")
+
+
+def _restore(pid, gpu_pairs):
+    cu = drv.driver()
+    args = None
+    if gpu_pairs:
+        args = cu.CUcheckpointRestoreArgs()
+        pairs = []
+        for old, new in gpu_pairs:
+            pair = cu.CUcheckpointGpuPair()
+            pair.oldUuid = _cuuuid(old)
+            pair.newUuid = _cuuuid(new)
+            pairs.append(pair)
+        args.gpuPairs = pairs
+        args.gpuPairsCount = len(pairs)
+    drv.check(cu.cuCheckpointProcessRestore(pid, args), f"restore pid {pid}")
+
+
+def _unlock(pid):
+    cu = drv.driver()
+    drv.check(cu.cuCheckpointProcessUnlock(pid, None), f"unlock pid {pid}")
+
+
+def _cuuuid(text):
+    cu = drv.driver()
+    raw = bytes.fromhex(text.removeprefix("GPU-").replace("-", ""))
+    if len(raw) != 16:
+        raise DriverError(f"not a GPU UUID: {text!r}")
+    u = cu.CUuuid()
+    u.bytes = raw
+    return u
+
+
+def gpu_map(checkpointed_uuids, current_uuids, explicit=None):
+    """Pairs (old, new) for a restore: identity where a checkpointed GPU is present, else by order.
+
+    explicit: {old: new} given by the user wins. The driver needs every checkpointed GPU listed once
+    the map is non-trivial; returns [] when every GPU is where it was (no map needed).
+    """
+    explicit = dict(explicit or {})
+    missing = [u for u in explicit.values() if u not in current_uuids]
+    if missing:
+        raise DriverError(f"GPU map names GPUs that are not visible here: {', '.join(missing)}")
+    pairs = {old: explicit[old] for old in checkpointed_uuids if old in explicit}
+    for old in checkpointed_uuids:  # a GPU still here stays itself, unless the user moved it
+        if old not in pairs and old in current_uuids and old not in pairs.values():
+            pairs[old] = old
+    free = [u for u in current_uuids if u not in pairs.values()]
+    for old in checkpointed_uuids:
+        if old in pairs:
+            continue
+        new = free[0] if free else None
+        if new is None:
+            raise DriverError(f"{len(checkpointed_uuids)} GPU(s) were checkpointed but only "
+                              f"{len(current_uuids)} are visible here")
+        pairs[old] = new
+        free.remove(new)
+    if all(old == new for old, new in pairs.items()):
+        return []
+    return [(old, pairs[old]) for old in checkpointed_uuids]
+
+
+def for_each(pids, op, *args, timeout_s, what):
+    """Run op(pid, *args) for every pid at once, one thread each; {pid: None | Exception}.
+
+    A thread still running after timeout_s gets DriverError(... did not return ...): it cannot be
+    cancelled, so it is left as a daemon and the pid must be treated as unknown state.
+    """
+    results = {}
+
+    def run(pid):
+        try:
+            op(pid, *args)
+            results[pid] = None
+        except Exception as e:  # reported per pid, never lost
+            results[pid] = e
+
+    threads = {pid: threading.Thread(target=run, args=(pid,), daemon=True, name=f"{what}-{pid}")
+               for pid in pids}
+    for t in threads.values():
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    for pid, t in threads.items():
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            results[pid] = DriverError(f"{what} of pid {pid} did not return within {timeout_s:.0f}s")
+    return results
+
+
+def lock_all(pids, timeout_ms):
+    return for_each(pids, _lock, timeout_ms, timeout_s=timeout_ms / 1000 + 30, what="lock")
+
+
+def checkpoint_all(pids, timeout_s=3600):
+    return for_each(pids, _checkpoint, timeout_s=timeout_s, what="checkpoint")
+
+
+def restore_all(pids, gpu_pairs=None, timeout_s=3600):
+    return for_each(pids, _restore, gpu_pairs, timeout_s=timeout_s, what="restore")
+
+
+def unlock_all(pids, timeout_s=120):
+    return for_each(pids, _unlock, timeout_s=timeout_s, what="unlock")
+
+
+def raise_first(results):
+    """Raise the first failure of a for_each result (the rest are in its message)."""
+    failed = {pid: e for pid, e in results.items() if e is not None}
+    if failed:
+        detail = "; ".join(str(e) for e in failed.values())
+        raise DriverError(detail) from next(iter(failed.values()))
+
+
+class DriverLock:
+    """Node-wide lock around driver checkpoint calls (flock on a file; released when we exit).
+
+    Two criu-gpushare processes on one node must never make checkpoint calls at the same time.
+    """
+
+    def __init__(self, path=DEFAULT_LOCK_PATH, timeout_s=600):
+        self.path, self.timeout_s, self.fd = path, timeout_s, None
+
+    def __enter__(self):
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() > deadline:
+                    holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                    os.close(self.fd)
+                    raise BusyError(f"another criu-gpushare (pid {holder}) holds {self.path} "
+                                    f"for driver checkpoint calls; waited {self.timeout_s}s") from e
+                time.sleep(0.1)
+        os.ftruncate(self.fd, 0)
+        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)  # closing drops the flock
+        self.fd = None

@@ -1,0 +1,129 @@
+"""Freezing a process's CPU threads with ptrace while its GPU state is checkpointed.
+
+After the driver checkpoint, memory the driver owned (device mappings, its pinned host buffers) is
+unmapped while the process's CPU threads still run; a thread touching it would crash the process.
+So the threads are stopped with PTRACE_SEIZE + PTRACE_INTERRUPT, except:
+  - the driver's restore thread (cuCheckpointProcessGetRestoreThreadId): it carries out the
+    restore; stopping it makes every driver call on that pid block for ever;
+  - the shim's threads, named SHIM_THREAD_NAME: they answer the tool during restore.
+Signals that arrive while frozen are not lost: one caught at a signal-delivery stop is handed back
+at detach; the others stay pending in the kernel (stopped threads do not take them).
+
+ptrace ties a tracee to the tracer *thread*: every method of one Freezer must be called from the
+same thread of this process, and the freeze lasts only as long as this process lives.
+"""
+import ctypes
+import errno
+import os
+
+from .errors import ProcessError
+
+SHIM_THREAD_NAME = "criu-gpushare"
+
+_PTRACE_DETACH = 17
+_PTRACE_SEIZE = 0x4206
+_PTRACE_INTERRUPT = 0x4207
+_PTRACE_EVENT_STOP = 128
+_WALL = 0x40000000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.restype = ctypes.c_long
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+
+
+def _ptrace(request, tid, data=0):
+    if _libc.ptrace(request, tid, None, ctypes.c_void_p(data)) == -1:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+def thread_ids(pid):
+    try:
+        return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+    except FileNotFoundError as e:
+        raise ProcessError(pid, "no such process") from e
+
+
+def thread_name(pid, tid):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+class Freezer:
+    """Stops and restarts the CPU threads of processes, sparing the ones that must keep running."""
+
+    def __init__(self):
+        self.frozen = {}  # tid -> signal to hand back at detach (0: none)
+        self.owner = {}   # tid -> pid
+
+    def freeze(self, pid, spare_tids=()):
+        """Stop every thread of pid except spare_tids and the shim's; rescans until no new thread."""
+        spare = set(spare_tids)
+        try:
+            while True:
+                todo = [t for t in thread_ids(pid) if t not in self.frozen and t not in spare
+                        and thread_name(pid, t) != SHIM_THREAD_NAME]
+                if not todo:
+                    return
+                for tid in todo:
+                    self._stop(pid, tid)
+        except BaseException:
+            self.thaw(pid)
+            raise
+
+    def _stop(self, pid, tid):
+        try:
+            _ptrace(_PTRACE_SEIZE, tid)
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                return  # the thread exited meanwhile
+            hint = " (needs root or CAP_SYS_PTRACE)" if e.errno == errno.EPERM else ""
+            raise ProcessError(pid, f"cannot stop thread {tid}: {e.strerror}{hint}") from e
+        self.frozen[tid], self.owner[tid] = 0, pid
+        try:
+            _ptrace(_PTRACE_INTERRUPT, tid)
+        except OSError as e:
+            if e.errno == errno.ESRCH:
+                self._forget(tid)
+                return
+            raise
+        while True:
+            try:
+                _, status = os.waitpid(tid, _WALL)
+            except ChildProcessError:
+                self._forget(tid)
+                return
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                self._forget(tid)
+                return
+            if os.WIFSTOPPED(status):
+                sig = os.WSTOPSIG(status)
+                if status >> 16 == _PTRACE_EVENT_STOP:
+                    return  # our interrupt (or a group stop): frozen
+                # A signal-delivery stop: frozen as well; the signal is handed back at detach.
+                self.frozen[tid] = sig
+                return
+
+    def _forget(self, tid):
+        self.frozen.pop(tid, None)
+        self.owner.pop(tid, None)
+
+    def thaw(self, pid=None):
+        """Restart the threads frozen for pid (all pids when None), handing back caught signals."""
+        errors = []
+        for tid in [t for t, p in self.owner.items() if pid is None or p == pid]:
+            try:
+                _ptrace(_PTRACE_DETACH, tid, self.frozen[tid])
+            except OSError as e:
+                if e.errno != errno.ESRCH:
+                    errors.append(f"thread {tid}: {e.strerror}")
+            self._forget(tid)
+        if errors:
+            raise ProcessError(pid if pid is not None else "?", "cannot restart " + ", ".join(errors))
+
+    def frozen_threads(self, pid):
+        return sorted(t for t, p in self.owner.items() if p == pid)
+
