@@ -1,0 +1,177 @@
+#!/bin/bash
+# gpu-tests.sh: build, install and run the GPU tests (tests/gpu) on the GPU test machine.
+#
+#   OUT=DIR scripts/gpu-tests.sh          (from the repository root; OUT defaults to ./gpu-out)
+#
+# What it does, in order; a failed step is recorded and the script goes on:
+#   1. keeps NVLink multicast off in every process (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+#      NVSHMEM_DISABLE_NVLS=1);
+#   2. `pip install --no-build-isolation --no-deps .` (the machine has no network)  -> OUT/pip-install.log
+#   3. unpacks the CRIU debs carried in .criu-debs/*.deb (see /work/shared/tools/fetch-criu-debs.sh)
+#      under $CRIU_PREFIX (default /opt/criu, never /) and puts them on PATH, LD_LIBRARY_PATH, PYTHONPATH;
+#   4. prints versions: kernel, nvidia-smi, driver, python packages, criu --version, criu check
+#      -> OUT/versions.txt
+#   5. `criu-gpushare doctor` and `criu-gpushare doctor --json`          -> OUT/doctor.txt, OUT/doctor.json
+#   6. `python3 -m pytest tests/gpu` under `timeout 480`   -> OUT/gpu-tests.log, OUT/junit.xml,
+#      OUT/probe-figures.txt (the PROBE lines the tests recorded)
+#   7. kills every process a probe started that is still alive (they carry GPUSHARE_PROBE_TAG=<this
+#      run> in their environment; a process stuck CHECKPOINTED only dies of SIGKILL), then lists
+#      what is left on the GPU;
+#   8. writes OUT/summary.txt (every probe row PASS/FAIL/SKIP/NOT RUN with its figures) and prints it.
+# Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
+# run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
+# every test passed or skipped, 1 otherwise.
+set -u
+cd "$(dirname "$0")/.." || exit 1
+REPO=$(pwd)
+OUT=${OUT:-./gpu-out}
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || { echo "gpu-tests: cannot create OUT=$OUT" >&2; exit 1; }
+CRIU_PREFIX=${CRIU_PREFIX:-/opt/criu}
+PYTEST_TIMEOUT_S=${PYTEST_TIMEOUT_S:-480}
+
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Probe processes get GPUSHARE_PROBE_TAG=$GPUSHARE_PROBE_RUN (tests/probes/probe_harness.py);
+# this script and pytest do not carry the tag, so step 7 finds exactly the probes.
+export GPUSHARE_PROBE_RUN="gpu-tests-$$-$(date +%s)"
+export PROBE_RECORD="$OUT/probe-figures.txt"
+export PROBE_DISK_DIR=${PROBE_DISK_DIR:-$OUT}
+: >"$PROBE_RECORD"
+: >"$OUT/steps.txt"
+FAILED=0
+FINISHED=0
+
+step() {  # step NAME RC: record a step's outcome
+    local status=ok
+    [ "$2" -eq 0 ] || { status="FAILED (exit $2)"; FAILED=1; }
+    echo "$1: $status" | tee -a "$OUT/steps.txt"
+}
+
+banner() { echo; echo "===== $* ====="; }
+
+kill_leftover_probes() {
+    local pid left=""
+    for environ in /proc/[0-9]*/environ; do
+        pid=${environ#/proc/}; pid=${pid%/environ}
+        [ "$pid" = "$$" ] && continue
+        if tr '\0' '\n' 2>/dev/null <"$environ" | grep -qxF "GPUSHARE_PROBE_TAG=$GPUSHARE_PROBE_RUN"; then
+            left="$left $pid"
+            kill -KILL "$pid" 2>/dev/null
+        fi
+    done
+    if [ -n "$left" ]; then
+        echo "killed leftover probe processes:$left"
+        sleep 2
+        for pid in $left; do
+            [ -d "/proc/$pid" ] && echo "still present after SIGKILL: $pid ($(awk '/^State:/{print $2, $3}' "/proc/$pid/status" 2>/dev/null))"
+        done
+    else
+        echo "no leftover probe processes"
+    fi
+    if command -v nvidia-smi >/dev/null; then
+        echo "GPU compute processes now:"
+        timeout 60 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader 2>&1 || true
+    fi
+}
+
+finish() {
+    [ "$FINISHED" -eq 1 ] && return
+    FINISHED=1
+    banner "cleanup"
+    kill_leftover_probes 2>&1 | tee "$OUT/cleanup.txt"
+    banner "summary"
+    {
+        echo "criu-gpushare GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+        echo "-- steps"
+        cat "$OUT/steps.txt"
+        echo "-- versions"
+        grep -E '^(kernel|driver|gpu|criu-version|criu-check|python|cuda-bindings|torch):' "$OUT/versions.txt" 2>/dev/null
+        echo "-- probes"
+        python3 "$REPO/tests/gpu/summarize.py" --junit "$OUT/junit.xml" --figures "$PROBE_RECORD" \
+            || FAILED=1
+        echo "-- cleanup"
+        cat "$OUT/cleanup.txt"
+        echo "-- files in $OUT: steps.txt versions.txt criu-check.txt pip-install.log doctor.txt doctor.json gpu-tests.log junit.xml probe-figures.txt cleanup.txt summary.txt"
+    } >"$OUT/summary.txt" 2>&1
+    cat "$OUT/summary.txt"
+}
+trap finish EXIT
+trap 'echo "gpu-tests: interrupted" >&2; FAILED=1; exit 1' INT TERM
+
+banner "install (pip)"
+if [ "${GPU_TESTS_INSTALL:-1}" = 0 ]; then
+    echo "GPU_TESTS_INSTALL=0: not installing (dry run on a development machine)" | tee "$OUT/pip-install.log"
+else
+    python3 -m pip install --no-build-isolation --no-deps . >"$OUT/pip-install.log" 2>&1
+    step "pip install" $?
+    tail -n 3 "$OUT/pip-install.log"
+fi
+
+banner "CRIU"
+debs=("$REPO"/.criu-debs/*.deb)
+if [ -e "${debs[0]}" ]; then
+    rc=0
+    mkdir -p "$CRIU_PREFIX"
+    for deb in "${debs[@]}"; do dpkg -x "$deb" "$CRIU_PREFIX" || rc=$?; done
+    step "unpack ${#debs[@]} CRIU debs under $CRIU_PREFIX" $rc
+    export PATH="$CRIU_PREFIX/usr/sbin:$CRIU_PREFIX/usr/bin:$PATH"
+    export LD_LIBRARY_PATH="$CRIU_PREFIX/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export PYTHONPATH="$CRIU_PREFIX/usr/lib/python3/dist-packages${PYTHONPATH:+:$PYTHONPATH}"
+else
+    echo "no .criu-debs/*.deb: CRIU tests will skip unless a CRIU >= 4 is already on PATH"
+fi
+
+banner "versions"
+{
+    # key: value lines first (the summary quotes them), then the full outputs, indented
+    echo "kernel: $(uname -r)"
+    if [ -r /proc/driver/nvidia/version ]; then
+        echo "driver: $(head -n 1 /proc/driver/nvidia/version)"
+    else
+        echo "driver: none (/proc/driver/nvidia/version absent)"
+    fi
+    if command -v nvidia-smi >/dev/null; then
+        echo "gpu: $(timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,persistence_mode,pcie.link.gen.max,pcie.link.width.max --format=csv,noheader 2>&1 | tr '\n' ';')"
+    else
+        echo "gpu: no nvidia-smi"
+    fi
+    echo "python: $(python3 --version 2>&1)"
+    for pkg in cuda-bindings torch xxhash psutil pytest criu-gpushare; do
+        echo "$pkg: $(python3 -m pip show "$pkg" 2>/dev/null | awk '/^Version:/{print $2}')"
+    done
+    if command -v criu >/dev/null; then
+        echo "criu-version: $(command -v criu): $(criu --version 2>&1 | head -n 2 | tr '\n' ' ')"
+        timeout 120 criu check >"$OUT/criu-check.txt" 2>&1
+        echo "criu-check: exit $? ($(tail -n 1 "$OUT/criu-check.txt"))"
+        sed 's/^/    /' "$OUT/criu-check.txt"
+    else
+        echo "criu-version: none"
+    fi
+    if command -v nvidia-smi >/dev/null; then
+        echo "nvidia-smi:"
+        timeout 60 nvidia-smi 2>&1 | sed 's/^/    /'
+    fi
+} >"$OUT/versions.txt" 2>&1
+cat "$OUT/versions.txt"
+
+banner "criu-gpushare doctor"
+if command -v criu-gpushare >/dev/null; then
+    # a failing check is information, not a failed run: the exit codes go into steps.txt
+    timeout 120 criu-gpushare doctor >"$OUT/doctor.txt" 2>&1
+    echo "criu-gpushare doctor: exit $? (see doctor.txt)" >>"$OUT/steps.txt"
+    timeout 120 criu-gpushare doctor --json >"$OUT/doctor.json" 2>"$OUT/doctor-json.stderr"
+    echo "criu-gpushare doctor --json: exit $? (see doctor.json, doctor-json.stderr)" >>"$OUT/steps.txt"
+    cat "$OUT/doctor.txt"
+else
+    echo "criu-gpushare is not on PATH (did the install fail?)" | tee "$OUT/doctor.txt"
+    step "criu-gpushare doctor" 127
+fi
+
+banner "GPU tests"
+timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest tests/gpu -v -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/gpu-tests.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
+step "pytest tests/gpu" "$rc"
+
+finish
+exit "$FAILED"
