@@ -1,0 +1,26 @@
+"""The chunk store: GPU memory of checkpoints, content-addressed and deduplicated.
+
+The format is store/FORMAT.md. Entry points:
+  Store.open(path, create=..., cache=NodeCache.open(...))  an open store
+  store.put(view) -> PutResult / store.get(chunk_id, buf, verify=...) -> Source
+  store.begin_write(purpose) -> WriteSession (put under a lease, then commit(ref, manifest))
+  Manifest / ProcessEntry / Allocation / ChunkRef        what a checkpoint references
+  collect_garbage, verify_store, disk_usage, prefetch  the maintenance commands
+"""
+from .cache import NodeCache
+from .chunkdir import ChunkDamaged, ChunkMissing
+from .du import disk_usage
+from .gc import DEFAULT_GRACE_S, collect_garbage
+from .layout import CHUNK_SIZE_MAX, STORE_VERSION, chunk_id
+from .leases import WriteSession
+from .manifest import MANIFEST_VERSION, Allocation, ChunkRef, Manifest, ProcessEntry
+from .prefetch import prefetch
+from .store import PutResult, PutStatus, Source, Store
+from .verify import verify_store
+
+__all__ = [
+    "Allocation", "CHUNK_SIZE_MAX", "ChunkDamaged", "ChunkMissing", "ChunkRef", "DEFAULT_GRACE_S",
+    "MANIFEST_VERSION", "Manifest", "NodeCache", "ProcessEntry", "PutResult", "PutStatus",
+    "STORE_VERSION", "Source", "Store", "WriteSession", "chunk_id", "collect_garbage",
+    "disk_usage", "prefetch", "verify_store",
+]

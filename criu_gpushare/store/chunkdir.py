@@ -1,0 +1,239 @@
+"""A `chunks/` tree: content-addressed files under two-hex-digit fan-out directories.
+
+Both the store and the node cache hold one. This module owns how a chunk file is written (temp name,
+data, fdatasync, rename: a name never points at torn data), read (O_DIRECT when aligned, with a
+buffered fallback), touched and listed. It never follows a symlink: every open is relative to a
+directory fd with O_NOFOLLOW.
+"""
+import errno
+import os
+import stat
+import threading
+from dataclasses import dataclass
+
+from ..errors import StoreError
+from . import fsutil
+from .layout import CHUNKS_DIR, chunk_id, fanout, is_chunk_id, is_temp_name
+
+
+
+class ChunkMissing(StoreError):
+    """chunk store: {}"""
+
+
+class ChunkDamaged(StoreError):
+    """chunk store: {}"""
+
+    def __init__(self, message, kind):
+        super().__init__(message)
+        self.kind = kind  # "truncated", "corrupt" or "bad-file"
+
+
+_FANOUT_NAMES = frozenset(f"{i:02x}" for i in range(256))
+
+
+@dataclass(frozen=True)
+class ChunkFile:
+    """One entry found in a chunks/ tree."""
+    name: str          # a chunk id, or a temp name
+    fanout: str
+    size: int
+    mtime_ns: int
+    is_temp: bool
+    is_regular: bool
+
+
+class ChunkDir:
+    """The chunks/ directory under `root_fd` (the store or cache root, already checked)."""
+
+    def __init__(self, root_fd, root_path, create):
+        self.path = os.path.join(root_path, CHUNKS_DIR)
+        self._create = create
+        self.fd = fsutil.open_dir(self.path, CHUNKS_DIR, dir_fd=root_fd, create=create)
+        self._fanout_fds = {}
+        self._lock = threading.Lock()
+        # Set once a file system refused O_DIRECT, so later chunks do not retry it.
+        self.direct_refused = False
+
+    def close(self):
+        with self._lock:
+            for fd in self._fanout_fds.values():
+                os.close(fd)
+            self._fanout_fds.clear()
+            if self.fd >= 0:
+                os.close(self.fd)
+                self.fd = -1
+
+    def chunk_path(self, cid):
+        return os.path.join(self.path, fanout(cid), cid)
+
+    def fanout_fd(self, name, create=False):
+        """The fd of fan-out directory `name`, or None when it does not exist and create is False."""
+        fd = self._fanout_fds.get(name)
+        if fd is not None:
+            return fd
+        path = os.path.join(self.path, name)
+        fd = fsutil.open_dir(path, name, dir_fd=self.fd, create=create, missing_ok=True)
+        if fd is None:
+            return None
+        with self._lock:
+            if name in self._fanout_fds:  # another thread opened it meanwhile
+                os.close(fd)
+                return self._fanout_fds[name]
+            self._fanout_fds[name] = fd
+        return fd
+
+    # -- single chunks --------------------------------------------------------------------------
+
+    def stat(self, cid):
+        """lstat of a chunk file, or None when absent. A non-file under a chunk name is an error."""
+        dfd = self.fanout_fd(fanout(cid))
+        if dfd is None:
+            return None
+        try:
+            st = os.stat(cid, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+            raise StoreError(f"{self.chunk_path(cid)}: is {kind} (planted? the store never "
+                             f"follows symlinks; remove it)")
+        return st
+
+    def touch(self, cid):
+        """Set a chunk's mtime to now (the file system's clock). False when it vanished meanwhile."""
+        dfd = self.fanout_fd(fanout(cid))
+        if dfd is None:
+            return False
+        try:
+            os.utime(cid, dir_fd=dfd, follow_symlinks=False)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            raise StoreError(f"{self.chunk_path(cid)}: cannot update its time: "
+                             f"{fsutil.describe(e)}") from e
+
+    def write(self, cid, view, free_space_path):
+        """Write `view` as chunk `cid`: temp file, data, fdatasync, rename. Replaces any file there.
+
+        On any failure the temp file is removed; a full disk becomes a StoreError that names the
+        store and the bytes needed.
+        """
+        name = fanout(cid)
+        dfd = self.fanout_fd(name, create=self._create)
+        if dfd is None:
+            raise StoreError(f"{os.path.join(self.path, name)}: no such directory")
+        dir_path = os.path.join(self.path, name)
+        use_direct = not self.direct_refused and fsutil.direct_ok(view)
+        try:
+            fd, tmp = fsutil.create_temp(dfd, dir_path, cid, fsutil.O_DIRECT if use_direct else 0)
+        except OSError as e:
+            if not (use_direct and e.errno == errno.EINVAL):
+                raise StoreError(f"{dir_path}: cannot create a chunk file: "
+                                 f"{fsutil.describe(e)}") from e
+            self.direct_refused = True  # tmpfs and some others refuse O_DIRECT at open
+            fd, tmp = fsutil.create_temp(dfd, dir_path, cid)
+        try:
+            try:
+                if fsutil.write_all(fd, view):
+                    self.direct_refused = True
+                os.fdatasync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, cid, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            fsutil.unlink_quiet(tmp, dfd)
+            if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                free = _free_bytes(free_space_path)
+                raise StoreError(
+                    f"{free_space_path}: file system full writing chunk {cid}: needed "
+                    f"{len(view)} bytes, {free} bytes free ({e.strerror})") from e
+            raise StoreError(f"{self.chunk_path(cid)}: write failed: {fsutil.describe(e)}") from e
+        except BaseException:
+            fsutil.unlink_quiet(tmp, dfd)  # killed by an exception: never leave a temp behind
+            raise
+
+    def read(self, cid, view):
+        """Read chunk `cid` into `view`, which must be exactly the chunk's length.
+
+        FileNotFoundError when the chunk is absent; StoreError when it is not exactly len(view) bytes.
+        """
+        dfd = self.fanout_fd(fanout(cid))
+        if dfd is None:
+            raise FileNotFoundError(errno.ENOENT, "no such chunk", self.chunk_path(cid))
+        path = self.chunk_path(cid)
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        use_direct = not self.direct_refused and fsutil.direct_ok(view)
+        try:
+            try:
+                fd = os.open(cid, flags | (fsutil.O_DIRECT if use_direct else 0), dir_fd=dfd)
+            except OSError as e:
+                if not (use_direct and e.errno == errno.EINVAL):
+                    raise
+                self.direct_refused = True
+                fd = os.open(cid, flags, dir_fd=dfd)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            kind = "bad-file" if e.errno == errno.ELOOP else "unreadable"
+            raise ChunkDamaged(f"{path}: {fsutil.describe(e)}", kind) from e
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ChunkDamaged(f"{path}: not a regular file", "bad-file")
+            if st.st_size != len(view):
+                raise ChunkDamaged(f"{path}: {st.st_size} bytes, expected {len(view)} "
+                                   f"(truncated or damaged chunk)", "truncated")
+            try:
+                n = fsutil.read_into(fd, view)
+            except OSError as e:
+                raise StoreError(f"{path}: read failed: {fsutil.describe(e)}") from e
+            if n != len(view):
+                raise ChunkDamaged(f"{path}: read {n} of {len(view)} bytes (truncated chunk)",
+                                   "truncated")
+        finally:
+            os.close(fd)
+
+    def check(self, cid, view):
+        """Raise StoreError unless `view` hashes to `cid`."""
+        got = chunk_id(view)
+        if got != cid:
+            raise ChunkDamaged(f"{self.chunk_path(cid)}: content hashes to {got}, not to its "
+                               f"name (corrupted chunk)", "corrupt")
+
+    def remove(self, name, fanout_name):
+        dfd = self.fanout_fd(fanout_name)
+        if dfd is not None:
+            fsutil.unlink_quiet(name, dfd)
+
+    # -- listing ----------------------------------------------------------------------------------
+
+    def fanouts(self):
+        """Names of the fan-out directories present (other names are ignored)."""
+        return sorted(n for n in fsutil.list_dir(self.fd) if n in _FANOUT_NAMES)
+
+    def scan(self):
+        """Every chunk file and temp file in the tree, with lstat facts. Other names are skipped."""
+        for name in self.fanouts():
+            dfd = self.fanout_fd(name)
+            if dfd is None:
+                continue
+            for entry in os.scandir(dfd):
+                temp = is_temp_name(entry.name)
+                if not temp and not (is_chunk_id(entry.name) and fanout(entry.name) == name):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                yield ChunkFile(entry.name, name, st.st_size, st.st_mtime_ns, temp,
+                                stat.S_ISREG(st.st_mode))
+
+
+def _free_bytes(path):
+    try:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return "unknown"

@@ -1,0 +1,246 @@
+"""The chunk store: open or create one, put and get chunks, keep it durable.
+
+Typical use (a dump; many threads may call `put` at once, and other processes or nodes may write
+the same store):
+
+    store = Store.open(path, create=True)
+    with store.begin_write("ckpt-42") as session:     # a lease: gc keeps what we touch
+        results = [session.put(view) for view in chunks_of(allocation)]
+        manifest = Manifest([ProcessEntry(pid, [Allocation.from_puts("va", results)])])
+        session.commit("ckpt-42", manifest)             # sync, manifest, then ref
+
+and a restore: `store.get(chunk_id, pinned_view, verify=...)` for each chunk of its manifest.
+"""
+import enum
+import json
+import os
+import threading
+from dataclasses import dataclass
+
+from ..errors import StoreError
+from . import catalog, fsutil
+from .chunkdir import ChunkDir, ChunkMissing
+from .layout import (CHUNK_SIZE_MAX, HASH_NAME, LEASES_DIR, MANIFESTS_DIR, REFS_DIR, STORE_FILE,
+                     STORE_FORMAT, STORE_VERSION, chunk_id, is_chunk_id, zero_chunk_id)
+
+
+class PutStatus(enum.Enum):
+    NEW = "new"          # written now
+    PRESENT = "present"  # already in the store (deduplicated); its time was refreshed
+    ZERO = "zero"        # all zero bytes: not stored
+
+
+@dataclass(frozen=True)
+class PutResult:
+    chunk_id: object  # str, or None for a zero chunk
+    length: int
+    status: PutStatus
+
+
+class Source(enum.Enum):
+    CACHE = "cache"
+    STORE = "store"
+
+
+class Store:
+    """An open chunk store. Thread-safe; several processes may open the same directory."""
+
+    def __init__(self, path, root_fd, create, cache=None):
+        self.path = path
+        self.root_fd = root_fd
+        self.cache = cache
+        self.chunks = ChunkDir(root_fd, path, create)
+        self._dir_fds = {}
+        self._lock = threading.Lock()
+        self._create = create
+
+    @classmethod
+    def open(cls, path, create=False, cache=None):
+        """Open the store at `path`; with create=True make it (and its parents) when missing.
+
+        Refuses a store directory that is not ours or root's, or that group or others may write;
+        refuses a store of a newer format version.
+        """
+        path = os.path.abspath(path)
+        if create:
+            try:
+                os.makedirs(path, mode=0o755, exist_ok=True)
+            except OSError as e:
+                raise StoreError(f"{path}: cannot create the store: {fsutil.describe(e)}") from e
+        root_fd = fsutil.open_dir(path)
+        try:
+            fsutil.check_trusted(root_fd, path)
+            _check_or_write_store_file(root_fd, path, create)
+            store = cls(path, root_fd, create, cache)
+            fsutil.check_trusted(store.chunks.fd, store.chunks.path)
+            return store
+        except BaseException:
+            os.close(root_fd)
+            raise
+
+    def close(self):
+        self.chunks.close()
+        for fd in self._dir_fds.values():
+            os.close(fd)
+        self._dir_fds.clear()
+        if self.root_fd >= 0:
+            os.close(self.root_fd)
+            self.root_fd = -1
+        if self.cache is not None:
+            self.cache.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def dir_fd(self, name, create=None):
+        """fd of a top-level directory (manifests, refs, leases, gc); None if absent (reading)."""
+        fd = self._dir_fds.get(name)
+        if fd is None:
+            create = self._create if create is None else create
+            path = os.path.join(self.path, name)
+            fd = fsutil.open_dir(path, name, dir_fd=self.root_fd, create=create, missing_ok=True)
+            if fd is None:
+                return None
+            with self._lock:
+                if name in self._dir_fds:  # another thread opened it meanwhile
+                    os.close(fd)
+                else:
+                    self._dir_fds[name] = fd
+                fd = self._dir_fds[name]
+        return fd
+
+    # -- chunks ---------------------------------------------------------------------------------
+
+    def put(self, data):
+        """Store one chunk (a bytes-like object of 1..64 MiB, e.g. a view of pinned memory).
+
+        Returns a PutResult: ZERO (all zero bytes, not stored), PRESENT (already stored: nothing is
+        written, its mtime is refreshed so gc's grace period counts from now) or NEW (written:
+        temp file, data, fdatasync, rename). Hashing and writing release the GIL.
+        """
+        view = _byte_view(data)
+        n = len(view)
+        if not 0 < n <= CHUNK_SIZE_MAX:
+            raise ValueError(f"chunk of {n} bytes: a chunk holds 1..{CHUNK_SIZE_MAX} bytes")
+        cid = chunk_id(view)
+        if cid == zero_chunk_id(n):
+            return PutResult(None, n, PutStatus.ZERO)
+        st = self.chunks.stat(cid)
+        # A present file of the wrong size is damaged (e.g. truncated by hand): replace it.
+        if st is not None and st.st_size == n and self.chunks.touch(cid):
+            return PutResult(cid, n, PutStatus.PRESENT)
+        self.chunks.write(cid, view, self.path)
+        return PutResult(cid, n, PutStatus.NEW)
+
+    def get(self, cid, buf, verify=False):
+        """Read chunk `cid` into the writable buffer `buf` (exactly the chunk's length).
+
+        Reads the node cache first when one is set (a hit refreshes its LRU time; a miss reads the
+        store and leaves the cache alone). With verify=True the bytes are re-hashed and a mismatch
+        is a StoreError naming the file. Returns the Source the bytes came from.
+        """
+        if not is_chunk_id(cid):
+            raise StoreError(f"{self.path}: {cid!r} is not a chunk id")
+        view = _byte_view(buf)
+        if view.readonly:
+            raise ValueError("get needs a writable buffer")
+        if self.cache is not None and self.cache.read(cid, view, verify):
+            return Source.CACHE
+        self.read_chunk(cid, view, verify)
+        return Source.STORE
+
+    def read_chunk(self, cid, view, verify=False):
+        """Read from the store itself (no cache); a missing chunk is a StoreError naming it."""
+        try:
+            self.chunks.read(cid, view)
+        except FileNotFoundError:
+            raise ChunkMissing(f"{self.chunks.chunk_path(cid)}: chunk missing") from None
+        if verify:
+            self.chunks.check(cid, view)
+
+    def chunk_size(self, cid):
+        """Size of a stored chunk, or None when absent."""
+        st = self.chunks.stat(cid)
+        return None if st is None else st.st_size
+
+    def has_chunk(self, cid):
+        return self.chunks.stat(cid) is not None
+
+    def sync(self):
+        """Make everything written so far durable (syncfs of the store's file system)."""
+        fsutil.syncfs(self.root_fd, self.path)
+
+    # -- manifests, refs and write sessions (see catalog.py and leases.py) ----------------------
+
+    def write_manifest(self, manifest):
+        return catalog.write_manifest(self, manifest)
+
+    def read_manifest(self, mid):
+        return catalog.read_manifest(self, mid)
+
+    def set_ref(self, name, mid, meta=None):
+        catalog.set_ref(self, name, mid, meta)
+
+    def read_ref(self, name):
+        return catalog.read_ref(self, name)
+
+    def list_refs(self):
+        return catalog.list_refs(self)
+
+    def remove_ref(self, name):
+        catalog.remove_ref(self, name)
+
+    def begin_write(self, purpose=""):
+        """A WriteSession: holds a lease so that gc keeps every chunk it puts until it commits."""
+        from .leases import WriteSession
+        return WriteSession(self, purpose)
+
+    def require_writable_dirs(self):
+        for name in (MANIFESTS_DIR, REFS_DIR, LEASES_DIR):
+            self.dir_fd(name, create=True)
+
+
+def _byte_view(data):
+    view = data if isinstance(data, memoryview) else memoryview(data)
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    return view
+
+
+def _check_or_write_store_file(root_fd, path, create):
+    """Read store.json (refusing a newer version); write it when creating a new store."""
+    file_path = os.path.join(path, STORE_FILE)
+    try:
+        data = fsutil.read_small_file(root_fd, path, STORE_FILE, limit=1 << 20)
+    except FileNotFoundError:
+        if not create:
+            raise StoreError(f"{path}: not a criu-gpushare store (no {STORE_FILE}); "
+                             f"it is created by the first dump") from None
+        # Another process creating the store at the same time may have a temp file here.
+        if any(not e.name.startswith(f".{STORE_FILE}.") for e in os.scandir(root_fd)):
+            raise StoreError(f"{path}: not empty and not a criu-gpushare store (no {STORE_FILE}); "
+                             f"refusing to turn it into one")
+        doc = {"format": STORE_FORMAT, "version": STORE_VERSION, "hash": HASH_NAME,
+               "chunk_size_max": CHUNK_SIZE_MAX}
+        fsutil.write_file_atomic(root_fd, path, STORE_FILE,
+                                 json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+        return
+    try:
+        doc = json.loads(data)
+        ok = isinstance(doc, dict) and doc.get("format") == STORE_FORMAT
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        ok = False
+    if not ok:
+        raise StoreError(f"{file_path}: not a criu-gpushare store file")
+    version = doc.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise StoreError(f"{file_path}: bad store format version {version!r}")
+    if version > STORE_VERSION:
+        raise StoreError(f"{file_path}: store format version {version} is newer than this tool "
+                         f"reads (version {STORE_VERSION}); upgrade criu-gpushare")
+    if doc.get("hash") != HASH_NAME:
+        raise StoreError(f"{file_path}: chunks hashed with {doc.get('hash')!r}, this tool knows "
+                         f"only {HASH_NAME}")
