@@ -1,0 +1,40 @@
+"""Fixtures shared by every test directory: the fake CUDA driver and an environment that uses it."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+# tests/ on sys.path so that test modules can `import fakecuda.usage` whatever pytest's import mode.
+_TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+
+from fakecuda.build import build_fake_driver  # noqa: E402
+
+# Keep NVLink multicast off in every process a test starts (DESIGN.md section 6).
+NO_MULTICAST_ENV = {
+    "NCCL_NVLS_ENABLE": "0",
+    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+    "NVSHMEM_DISABLE_NVLS": "1",
+}
+
+
+@pytest.fixture(scope="session")
+def fake_driver_dir() -> str:
+    """Directory holding the fake ``libcuda.so.1`` (built once per source change)."""
+    return build_fake_driver()
+
+
+@pytest.fixture
+def fake_env(fake_driver_dir, tmp_path) -> dict:
+    """os.environ for a subprocess that must load the fake driver, with a per-test state dir."""
+    state = tmp_path / "fakecuda-state"
+    state.mkdir()
+    env = dict(os.environ)
+    old = env.get("LD_LIBRARY_PATH")
+    env["LD_LIBRARY_PATH"] = fake_driver_dir + (os.pathsep + old if old else "")
+    env["FAKECUDA_STATE"] = str(state)
+    env.update(NO_MULTICAST_ENV)
+    return env

@@ -1,0 +1,1 @@
+"""The fake CUDA driver used by the tests: build.py builds it, usage.py reads its memory usage files."""
