@@ -19,6 +19,10 @@ REF_FORMAT = "criu-gpushare-ref"
 REF_VERSION = 1
 
 
+class RefMissing(StoreError):
+    """chunk store: {}"""
+
+
 @dataclass(frozen=True)
 class Ref:
     name: str
@@ -119,7 +123,7 @@ def read_ref(store, name):
             raise FileNotFoundError
         data = fsutil.read_small_file(dfd, os.path.dirname(path), name, limit=1 << 20)
     except FileNotFoundError:
-        raise StoreError(f"{path}: no such checkpoint") from None
+        raise RefMissing(f"{path}: no such checkpoint") from None
     try:
         doc = json.loads(data)
         ok = isinstance(doc, dict) and doc.get("format") == REF_FORMAT
@@ -169,5 +173,5 @@ def remove_ref(store, name):
             raise FileNotFoundError
         os.unlink(name, dir_fd=dfd)
     except FileNotFoundError:
-        raise StoreError(f"{ref_path(store, name)}: no such checkpoint") from None
+        raise RefMissing(f"{ref_path(store, name)}: no such checkpoint") from None
     fsutil.fsync_dir(dfd, os.path.join(store.path, REFS_DIR))

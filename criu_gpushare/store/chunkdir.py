@@ -48,7 +48,6 @@ class ChunkDir:
 
     def __init__(self, root_fd, root_path, create):
         self.path = os.path.join(root_path, CHUNKS_DIR)
-        self._create = create
         self.fd = fsutil.open_dir(self.path, CHUNKS_DIR, dir_fd=root_fd, create=create)
         self._fanout_fds = {}
         self._lock = threading.Lock()
@@ -121,9 +120,7 @@ class ChunkDir:
         store and the bytes needed.
         """
         name = fanout(cid)
-        dfd = self.fanout_fd(name, create=self._create)
-        if dfd is None:
-            raise StoreError(f"{os.path.join(self.path, name)}: no such directory")
+        dfd = self.fanout_fd(name, create=True)
         dir_path = os.path.join(self.path, name)
         use_direct = not self.direct_refused and fsutil.direct_ok(view)
         try:

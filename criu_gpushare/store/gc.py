@@ -190,6 +190,8 @@ def _mark(store, report):
         try:
             ref = store.read_ref(name)
             manifest = store.read_manifest(ref.manifest)
+        except catalog.RefMissing:
+            continue  # removed since the listing: it protects nothing any more
         except StoreError as e:
             raise StoreError(f"gc stopped before removing anything: {e}; fix or remove that "
                              f"checkpoint (criu-gpushare store rm {name})") from e

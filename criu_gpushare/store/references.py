@@ -2,9 +2,11 @@
 
 verify, du and prefetch all start from it.
 """
+import sys
 from dataclasses import dataclass, field
 
 from ..errors import StoreError
+from .catalog import RefMissing
 
 
 @dataclass
@@ -33,6 +35,13 @@ def walk_refs(store, names=None, strict=False):
         try:
             ref = store.read_ref(name)
             manifest = store.read_manifest(ref.manifest)
+        except RefMissing:
+            if names is None:
+                continue  # removed since the listing
+            if strict:
+                raise
+            out.problems.append((name, sys.exc_info()[1]))
+            continue
         except StoreError as e:
             if strict:
                 raise
