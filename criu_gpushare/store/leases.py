@@ -21,6 +21,8 @@ from .layout import LEASE_SUFFIX, LEASES_DIR, is_temp_name
 from .store import PutStatus
 
 RENEW_S = 30.0
+#: A lease temp file older than this (or the grace period, if longer) was left by a dead writer.
+LEASE_TEMP_MAX_AGE_NS = 600 * 10**9
 
 
 class WriteSession:
@@ -112,11 +114,11 @@ def scan_leases(store, now_ns, grace_ns, remove_stale=False):
     for name in fsutil.list_dir(dfd):
         if is_temp_name(name):
             # A lease being created (its writer has put nothing yet), or left by a writer that
-            # died while creating it: removed once older than the grace period.
+            # died while creating it: removed once old (it lives for microseconds normally).
             if remove_stale:
                 try:
                     st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-                    if st.st_mtime_ns < now_ns - grace_ns:
+                    if st.st_mtime_ns < now_ns - max(grace_ns, LEASE_TEMP_MAX_AGE_NS):
                         fsutil.unlink_quiet(name, dfd)
                 except FileNotFoundError:
                     pass

@@ -1,0 +1,100 @@
+"""The node cache and prefetch (FORMAT.md section 9)."""
+import os
+
+import pytest
+
+from criu_gpushare.errors import StoreError
+from criu_gpushare.store import NodeCache, Source, Store, prefetch
+
+from store_helpers import age, chunk_bytes, chunk_path, commit_checkpoint
+
+
+@pytest.fixture
+def cache(tmp_path):
+    c = NodeCache.open(str(tmp_path / "cache"))
+    yield c
+    c.close()
+
+
+def cached_path(cache, cid):
+    return os.path.join(cache.path, "chunks", cid[:2], cid)
+
+
+def test_a_miss_reads_the_store_and_does_not_fill_the_cache(store, cache):
+    cid = store.put(chunk_bytes(1)).chunk_id
+    store.cache = cache
+    out = bytearray(4096)
+    assert store.get(cid, out, verify=True) is Source.STORE
+    assert out == chunk_bytes(1) and not cache.contains(cid)
+    store.cache = None
+
+
+def test_prefetch_fills_the_cache_and_a_hit_refreshes_its_lru_time(store, cache):
+    results = commit_checkpoint(store, "ck", [chunk_bytes(2), chunk_bytes(3), bytes(4096)])
+    report = prefetch(store, cache)
+    assert (report.fetched, report.already_cached, report.failed) == (2, 0, [])
+    cid = results[0].chunk_id
+    os.unlink(chunk_path(store, cid))  # proves the bytes come from the cache
+    age(cached_path(cache, cid), 3600)
+    before = os.stat(cached_path(cache, cid)).st_mtime
+    store.cache = cache
+    out = bytearray(4096)
+    assert store.get(cid, out, verify=True) is Source.CACHE and out == chunk_bytes(2)
+    assert os.stat(cached_path(cache, cid)).st_mtime > before + 1800
+    store.cache = None
+    assert prefetch(store, cache, ["ck"], threads=2).already_cached == 2
+
+
+def test_prefetch_refuses_to_cache_a_corrupted_store_chunk(store, cache):
+    cid = commit_checkpoint(store, "ck", [chunk_bytes(4)])[0].chunk_id
+    with open(chunk_path(store, cid), "r+b") as f:
+        f.write(b"\x00\x01\x02")
+    report = prefetch(store, cache)
+    assert report.fetched == 0 and len(report.failed) == 1
+    assert chunk_path(store, cid) in report.failed[0] and "corrupted" in report.failed[0]
+    assert not cache.contains(cid)
+
+
+def test_a_damaged_cache_entry_is_dropped_and_the_store_is_read(store, cache):
+    cid = commit_checkpoint(store, "ck", [chunk_bytes(5)])[0].chunk_id
+    prefetch(store, cache)
+    with open(cached_path(cache, cid), "r+b") as f:
+        f.write(b"\xde\xad")
+    store.cache = cache
+    out = bytearray(4096)
+    assert store.get(cid, out, verify=True) is Source.STORE and out == chunk_bytes(5)
+    assert not cache.contains(cid)
+    store.cache = None
+
+
+def test_eviction_removes_least_recently_used_first(cache, store):
+    ids = []
+    for i in range(4):
+        data = chunk_bytes(10 + i)
+        ids.append(store.put(data).chunk_id)
+        cache.insert(ids[-1], memoryview(data))
+        age(cached_path(cache, ids[-1]), 1000 - 100 * i)  # ids[0] is the oldest
+    removed, freed = cache.evict(2 * 4096)
+    assert (removed, freed) == (2, 8192)
+    assert [cache.contains(c) for c in ids] == [False, False, True, True]
+
+
+def test_prefetch_keeps_the_cache_under_its_limit(store, tmp_path):
+    commit_checkpoint(store, "old", [chunk_bytes(20), chunk_bytes(21)])
+    commit_checkpoint(store, "new", [chunk_bytes(22), chunk_bytes(23), chunk_bytes(24)])
+    with NodeCache.open(str(tmp_path / "c"), limit_bytes=3 * 4096) as cache:
+        prefetch(store, cache, ["old"])
+        report = prefetch(store, cache, ["new"])
+        assert report.evicted == 2 and report.fetched == 3
+        assert cache.usage() == (3, 3 * 4096)
+        report = prefetch(store, cache)  # all five cannot fit: some are skipped, none fail
+        assert report.skipped_for_limit == 2 and report.failed == []
+        assert cache.usage()[1] <= 3 * 4096
+
+
+def test_cache_dir_ownership_rules_apply(tmp_path):
+    d = tmp_path / "c"
+    d.mkdir(mode=0o777)
+    os.chmod(d, 0o777)
+    with pytest.raises(StoreError, match=f"{d}: writable by group or others"):
+        NodeCache.open(str(d))
