@@ -1,0 +1,87 @@
+"""`criu-gpushare status [PID] [--json]`: what the shim of a running process tracks.
+
+With PID: that process's allocations, mappings, imports (with their exporter), exports, page-locked
+host buffers, peer access, multicast objects, gates, and anything a checkpoint would refuse.
+Without PID: one line per process with a shim socket in this network namespace.
+"""
+import json
+
+import click
+
+from .. import control
+from ..errors import Error
+
+
+def _mib(n):
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def _summary_line(pid, st):
+    allocs = st.get("allocations", [])
+    size = sum(a["size"] for a in allocs)
+    gates = st.get("gates", {})
+    held = [g for g in ("launch", "memory") if gates.get(g, {}).get("closed")]
+    return (f"{pid:>8}  {len(allocs):>5} alloc ({_mib(size):>11})  {len(st.get('imports', [])):>3} "
+            f"import  {len(st.get('exports', [])):>3} export  {len(st.get('host_buffers', [])):>3} "
+            f"host  gates {'held: ' + '+'.join(held) if held else 'open'}"
+            + ("  UNTRACKED" if st.get("untracked") else ""))
+
+
+def _show(pid, st):
+    out = click.echo
+    out(f"pid {pid}: shim {st.get('version')} (protocol {st.get('protocol')})")
+    gates = st.get("gates", {})
+    for g in ("launch", "memory"):
+        info = gates.get(g, {})
+        out(f"  {g} gate: {'closed' if info.get('closed') else 'open'}, "
+            f"{info.get('inflight', 0)} call(s) inside")
+    out(f"  allocations: {len(st['allocations'])}")
+    for a in st["allocations"]:
+        out(f"    #{a['id']:<4} {a['origin']:<11} device {a['device']}  {_mib(a['size']):>11}  "
+            f"exports {a['exports']}" + ("  (released by the app)" if a["app_released"] else ""))
+    out(f"  mappings: {len(st['mappings'])}")
+    for m in st["mappings"]:
+        acc = ",".join(f"{x['location']}:{x['prot']}" for x in m["access"]) or "-"
+        out(f"    0x{m['va']:x} +{_mib(m['size'])}  {m['object']} #{m['id']}  access {acc}")
+    out(f"  imports: {len(st['imports'])}")
+    for i in st["imports"]:
+        exp = i["exporter"]
+        src = f"pid {exp['pid']} allocation #{exp['id']}" if exp else "exporter unknown"
+        out(f"    #{i['id']:<4} {i['kind']:<8} from {src}")
+    out(f"  exports: {len(st['exports'])}")
+    out(f"  host buffers: {len(st['host_buffers'])}")
+    for h in st["host_buffers"]:
+        out(f"    0x{h['ptr']:x} {_mib(h['size'])}" + ("  (shim-allocated)" if h["owned"] else ""))
+    if st.get("peer_access"):
+        out("  peer access: " + ", ".join(f"{p['accessor']}->{p['owner']}" for p in st["peer_access"]))
+    if st.get("multicast"):
+        out(f"  multicast objects: {len(st['multicast'])}, binds: {len(st.get('multicast_binds', []))}")
+    for u in st.get("untracked", []):
+        out(f"  cannot checkpoint: {u}")
+
+
+@click.command()
+@click.argument("pid", type=int, required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print the shim's status reply as JSON.")
+def status(pid, as_json):
+    """Show what the shim tracks in process PID (all shim processes if PID is left out)."""
+    if pid is not None:
+        st = control.status(pid)
+        if as_json:
+            click.echo(json.dumps(st, indent=2))
+        else:
+            _show(pid, st)
+        return
+    result = {}
+    for p in control.shim_pids():
+        try:
+            result[p] = control.status(p)
+        except Error as e:
+            result[p] = {"error": str(e)}
+    if as_json:
+        click.echo(json.dumps({str(p): st for p, st in result.items()}, indent=2))
+        return
+    if not result:
+        click.echo("no process with the shim in this network namespace")
+    for p, st in result.items():
+        click.echo(f"{p:>8}  {st['error']}" if "error" in st else _summary_line(p, st))

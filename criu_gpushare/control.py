@@ -1,0 +1,219 @@
+"""Client of the shim's control socket (protocol: shim/protocol.md).
+
+Each process that runs with the shim and has initialized CUDA listens on the abstract unix socket
+``@criu-gpushare.<pid>``, where <pid> is its pid in its own pid namespace. One connection carries
+one request and one reply.
+
+Namespaces (containers): the socket lives in the workload's network namespace and is named with the
+workload's own pid. From the host, this client
+  1. maps the host pid to the pid the workload sees (last field of ``NSpid`` in /proc/PID/status),
+  2. creates its socket inside the workload's network namespace (setns on one thread, then back;
+     needs CAP_SYS_ADMIN) when that differs from ours,
+  3. after connecting, checks that the server's SO_PEERCRED pid, which the kernel translates into
+     our pid namespace, is the host pid asked for. Abstract names carry no permissions, so this
+     check is what stops another process that bound the name from answering.
+The shim, for its part, only serves root or its own user (SO_PEERCRED uid).
+"""
+from __future__ import annotations
+
+import array
+import ctypes
+import errno
+import json
+import os
+import socket
+import struct
+import threading
+
+from .errors import BusyError, ProcessError, ShimError
+
+PROTOCOL = 1  # CRIU_GPUSHARE_PROTOCOL in shim/include/criu_gpushare_shim.h
+SOCKET_PREFIX = "criu-gpushare."
+MAX_RECORD = 65536
+MAX_REPLY = 64 << 20
+DEFAULT_TIMEOUT = 10.0
+CLONE_NEWNET = 0x40000000
+
+_setns_lock = threading.Lock()
+
+
+def ns_pid(pid: int) -> int:
+    """The pid that process `pid` (as we see it) has in its own pid namespace."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except FileNotFoundError:
+        raise ProcessError(pid, "no such process") from None
+    except PermissionError as e:
+        raise ProcessError(pid, f"cannot read /proc/{pid}/status: {e.strerror}") from None
+    return pid  # kernels without NSpid: no pid namespaces to map through
+
+
+def socket_name(pid: int) -> str:
+    """Abstract socket name (without the leading NUL) of the shim in process `pid`."""
+    return f"{SOCKET_PREFIX}{ns_pid(pid)}"
+
+
+def _same_netns(pid: int) -> bool:
+    try:
+        return os.stat("/proc/self/ns/net").st_ino == os.stat(f"/proc/{pid}/ns/net").st_ino
+    except FileNotFoundError:
+        raise ProcessError(pid, "no such process") from None
+    except PermissionError:
+        return False
+
+
+def _libc_setns(fd: int, nstype: int) -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, nstype) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def _socket_in_netns(pid: int) -> socket.socket:
+    """A SOCK_SEQPACKET socket created in the network namespace of `pid`."""
+    if _same_netns(pid):
+        return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+    # setns(CLONE_NEWNET) affects only the calling thread: switch, create, switch back.
+    with _setns_lock:
+        own = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            try:
+                target = os.open(f"/proc/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                raise ProcessError(pid, f"cannot open its network namespace: {e.strerror}") from None
+            try:
+                _libc_setns(target, CLONE_NEWNET)
+            except OSError as e:
+                raise ProcessError(pid, f"cannot enter its network namespace ({e.strerror}): "
+                                        "run as root (CAP_SYS_ADMIN)") from None
+            finally:
+                os.close(target)
+            try:
+                return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
+            finally:
+                _libc_setns(own, CLONE_NEWNET)
+        finally:
+            os.close(own)
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", cred)[0]
+
+
+def _recv_all(sock: socket.socket, pid: int) -> tuple[bytes, list[int]]:
+    """Reads records until the server closes; returns the bytes and the fds received."""
+    chunks, fds, total = [], [], 0
+    fd_size = array.array("i").itemsize
+    while True:
+        data, anc, flags, _ = sock.recvmsg(MAX_RECORD, socket.CMSG_SPACE(4 * fd_size))
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                got = array.array("i")
+                got.frombytes(payload[: len(payload) - len(payload) % fd_size])
+                fds.extend(got)
+        if flags & socket.MSG_TRUNC:
+            _close_all(fds)
+            raise ShimError(f"process {pid}: reply record larger than {MAX_RECORD} bytes")
+        if not data:
+            return b"".join(chunks), fds
+        chunks.append(data)
+        total += len(data)
+        if total > MAX_REPLY:
+            _close_all(fds)
+            raise ShimError(f"process {pid}: reply larger than {MAX_REPLY} bytes")
+
+
+def _close_all(fds):
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFAULT_TIMEOUT,
+            **fields) -> tuple[dict, list[int]]:
+    """Sends one request to the shim of `pid`; returns (reply, received fds).
+
+    The caller owns the received fds. Errors: ProcessError (no such process, cannot reach it),
+    ShimError (no shim socket, a refusal, a malformed reply), BusyError (the shim is busy: retry).
+    """
+    name = socket_name(pid)
+    msg = json.dumps({"v": PROTOCOL, "cmd": cmd, **fields}).encode()
+    sock = _socket_in_netns(pid)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect("\0" + name)
+        except (ConnectionRefusedError, FileNotFoundError):
+            raise ShimError(f"process {pid} has no control socket @{name}: it does not run with "
+                            "the shim, or has not initialized CUDA yet") from None
+        except socket.timeout:
+            raise ShimError(f"process {pid}: connecting to @{name} timed out") from None
+        server = _peer_pid(sock)
+        if server != pid:
+            raise ShimError(f"@{name} is served by pid {server}, not {pid}: refusing to talk to it")
+        try:
+            if fds:
+                socket.send_fds(sock, [msg], list(fds))
+            else:
+                sock.send(msg)
+            raw, got_fds = _recv_all(sock, pid)
+        except socket.timeout:
+            raise ShimError(f"process {pid}: no reply to {cmd!r} within {timeout:g} s") from None
+        except OSError as e:
+            if e.errno in (errno.ECONNRESET, errno.EPIPE):
+                raise ShimError(f"process {pid} closed the connection during {cmd!r}") from None
+            raise
+    finally:
+        sock.close()
+    try:
+        reply = json.loads(raw)
+        if not isinstance(reply, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        _close_all(got_fds)
+        raise ShimError(f"process {pid}: malformed reply to {cmd!r}: {e}") from None
+    if not reply.get("ok"):
+        _close_all(got_fds)
+        code, reason = reply.get("error", "failed"), reply.get("reason", "")
+        if code == "busy":
+            raise BusyError(f"process {pid}: {reason}")
+        raise ShimError(f"process {pid}: {cmd} {code}: {reason}")
+    return reply, got_fds
+
+
+def status(pid: int, timeout: float = DEFAULT_TIMEOUT) -> dict:
+    """What the shim of `pid` tracks: allocations, mappings, imports, exports, host buffers, gates."""
+    return request(pid, "status", timeout=timeout)[0]
+
+
+def quiesce(pid: int, timeout_ms: int = 2000) -> dict:
+    """Holds the GPU work of `pid` (both gates closed, GPU drained). BusyError: retry later."""
+    return request(pid, "quiesce", timeout=timeout_ms / 1000 * 3 + DEFAULT_TIMEOUT,
+                   timeout_ms=timeout_ms)[0]
+
+
+def resume(pid: int) -> dict:
+    """Opens both gates of `pid` again (also after a refused or busy quiesce)."""
+    return request(pid, "resume")[0]
+
+
+def shim_pids() -> list[int]:
+    """Pids with a shim control socket in our network namespace (pids as named in the sockets)."""
+    pids = set()
+    try:
+        with open("/proc/net/unix") as f:
+            for line in f:
+                path = line.split()[-1] if line.strip() else ""
+                if path.startswith("@" + SOCKET_PREFIX):
+                    tail = path[len(SOCKET_PREFIX) + 1:]
+                    if tail.isdigit():
+                        pids.add(int(tail))
+    except OSError:
+        return []
+    return sorted(pids)

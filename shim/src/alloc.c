@@ -1,0 +1,654 @@
+/* alloc.c: device memory the process creates and maps.
+ *
+ *   cuMemCreate        recorded with an id; POSIX-fd export capability is added so the memory can
+ *                      be exported later (retried without it if the driver refuses)
+ *   cuMemMap/Unmap     mappings of allocations, imports and multicast objects
+ *   cuMemSetAccess     merged per location into each mapping (the driver changes only the
+ *                      locations named in a call, so a restore must replay the merged list)
+ *   cuMemRetainAllocationHandle  a retained handle resolves to the object mapped at the address
+ *   cuMemRelease       marks the object released; it is forgotten once nothing maps it
+ *   cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN (default 2 MiB) is backed by exportable cuMem memory:
+ *                      the driver restores neither legacy IPC imports nor the ability to export a
+ *                      restored allocation; cuMemFree synchronizes first (cuMemFree waits for work
+ *                      using the memory, cuMemUnmap does not)
+ *   cuCtxEnable/DisablePeerAccess  recorded, and applied to the shim's cuMem memory, which peer
+ *                      access to a context does not cover
+ *   cuMulticast*       objects, devices added and binds (fake driver only in tests)
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "shim_internal.h"
+
+
+static CUresult current_device(int *dev)
+{
+    CUdevice d = 0;
+    CUresult r = CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d);
+    *dev = (int)d;
+    return r;
+}
+
+/* Devices that may access memory owned by dev: dev itself and the peers the app enabled. */
+static int access_list(int dev, CUmemAccessDesc *desc, int max)
+{
+    int n = 0;
+    desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[n].location.id = dev;
+    desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (dev < 0 || dev >= GS_MAX_DEV)
+        return n;
+    for (int a = 0; a < GS_MAX_DEV && n < max; a++)
+        if (a != dev && gs.peer[dev][a]) {
+            desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            desc[n].location.id = a;
+            desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+        }
+    return n;
+}
+
+/* cuMemSetAccess changes only the locations it names: PROT_NONE removes one, anything else adds
+ * or replaces it. */
+static void merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        int j;
+        for (j = 0; j < m->n_access; j++)
+            if (m->access[j].location.type == desc[i].location.type &&
+                m->access[j].location.id == desc[i].location.id)
+                break;
+        if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+            if (j < m->n_access)
+                m->access[j] = m->access[--m->n_access];
+        } else if (j < m->n_access) {
+            m->access[j].flags = desc[i].flags;
+        } else if (m->n_access < GS_MAX_ACCESS) {
+            m->access[m->n_access++] = desc[i];
+        } else {
+            m->access_overflow = 1;
+        }
+    }
+}
+
+static void record_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h)
+{
+    struct gs_map *m = GS_PUSH(gs.maps);
+    memset(m, 0, sizeof(*m));
+    m->va = va;
+    m->size = size;
+    m->offset = offset;
+    m->h = h;
+    m->kind = gs_classify_handle(h, &m->obj_id);
+}
+
+static void forget_maps(CUdeviceptr va, size_t size)
+{
+    for (size_t i = 0; i < gs.maps.n;)
+        if (gs.maps.v[i].va >= va && gs.maps.v[i].va - va < size)
+            GS_DEL(gs.maps, i);
+        else
+            i++;
+}
+
+CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
+                             const CUmemAllocationProp *prop, unsigned long long flags)
+{
+    __typeof__(&cuMemCreate) real = REAL(cuMemCreate);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth || !prop || !handle)
+        return real(handle, size, prop, flags);
+    gs_depth++;
+    gs_control_ensure();
+    CUmemAllocationProp p = *prop;
+    p.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    CUresult r = real(handle, size, &p, flags);
+    if (r != CUDA_SUCCESS && p.requestedHandleTypes != prop->requestedHandleTypes) {
+        p = *prop;
+        r = real(handle, size, &p, flags);
+    }
+    if (r == CUDA_SUCCESS) {
+        gs_lock();
+        struct gs_alloc *a = GS_PUSH(gs.allocs);
+        memset(a, 0, sizeof(*a));
+        a->id = gs_new_id();
+        a->h = *handle;
+        a->size = size;
+        a->dev = p.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p.location.id : -1;
+        a->origin = GS_ORIGIN_CUMEM;
+        a->handle_types = p.requestedHandleTypes;
+        gs_unlock();
+    }
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
+{
+    __typeof__(&cuMemRelease) real = REAL(cuMemRelease);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(handle);
+    gs_depth++;
+    CUresult r = real(handle);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    int found = 0;
+    for (size_t i = 0; i < gs.aliases.n; i++)
+        if (gs.aliases.v[i].h == handle) {
+            GS_DEL(gs.aliases, i); /* a retained handle: its object lives on */
+            found = 1;
+            break;
+        }
+    if (!found) {
+        struct gs_alloc *a = gs_find_alloc_h(handle);
+        struct gs_import *im = a ? NULL : gs_find_import_h(handle);
+        struct gs_mcast *mc = a || im ? NULL : gs_find_mcast_h(handle);
+        if (a)
+            a->app_released = 1;
+        else if (im)
+            im->app_released = 1;
+        else if (mc)
+            mc->app_released = 1;
+        /* Exports of a handle that was never identified die with it: the value may be reused. */
+        for (size_t i = 0; i < gs.exports.n;)
+            if (gs.exports.v[i].kind == GS_OBJ_UNKNOWN && gs.exports.v[i].h == handle) {
+                close(gs.exports.v[i].fd);
+                GS_DEL(gs.exports, i);
+            } else {
+                i++;
+            }
+        gs_collect();
+    }
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
+                          CUmemGenericAllocationHandle handle, unsigned long long flags)
+{
+    __typeof__(&cuMemMap) real = REAL(cuMemMap);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(ptr, size, offset, handle, flags);
+    gs_depth++;
+    CUresult r = real(ptr, size, offset, handle, flags);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    record_map(ptr, size, offset, handle);
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
+{
+    __typeof__(&cuMemUnmap) real = REAL(cuMemUnmap);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(ptr, size);
+    gs_depth++;
+    CUresult r = real(ptr, size);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    forget_maps(ptr, size);
+    gs_collect();
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
+                                size_t count)
+{
+    __typeof__(&cuMemSetAccess) real = REAL(cuMemSetAccess);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(ptr, size, desc, count);
+    gs_depth++;
+    CUresult r = real(ptr, size, desc, count);
+    if (r != CUDA_SUCCESS || !desc) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->va < ptr + size && ptr < m->va + m->size)
+            merge_access(m, desc, count);
+    }
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
+{
+    __typeof__(&cuMemRetainAllocationHandle) real = REAL(cuMemRetainAllocationHandle);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(handle, addr);
+    gs_depth++;
+    CUresult r = real(handle, addr);
+    if (r != CUDA_SUCCESS || !handle) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    struct gs_map *m = gs_find_map_at((CUdeviceptr)(uintptr_t)addr);
+    if (m && m->kind != GS_OBJ_UNKNOWN) {
+        struct gs_alias *al = GS_PUSH(gs.aliases);
+        al->h = *handle;
+        al->kind = m->kind;
+        al->obj_id = m->obj_id;
+    }
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+/* ---- cuMemAlloc backed by exportable cuMem memory ---------------------------------------------- */
+
+static size_t malloc_min(void)
+{
+    static long long min = -1;
+    if (min < 0) {
+        const char *e = getenv("CRIU_GPUSHARE_MALLOC_MIN");
+        char *end;
+        long long v = e && *e ? strtoll(e, &end, 0) : -1;
+        min = e && *e && *end == 0 && v >= 0 ? v : 2LL << 20;
+    }
+    return (size_t)min;
+}
+
+/* Creates, reserves, maps and opens the memory; 0 on success, with everything undone on failure. */
+static CUresult cumem_backed_alloc(CUdeviceptr *dptr, size_t bytesize, int dev,
+                                   CUmemGenericAllocationHandle *hout, size_t *sizeout)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CUresult r = CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
+                    cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS || !gran)
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_VALUE;
+    size_t size = (bytesize + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h;
+    r = REAL(cuMemCreate)(&h, size, &prop, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUdeviceptr va = 0;
+    r = CU(CUresult(*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),
+           cuMemAddressReserve, &va, size, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        goto release;
+    r = REAL(cuMemMap)(va, size, 0, h, 0);
+    if (r != CUDA_SUCCESS)
+        goto free_va;
+    CUmemAccessDesc desc[GS_MAX_ACCESS];
+    gs_lock();
+    int n = access_list(dev, desc, GS_MAX_ACCESS);
+    gs_unlock();
+    r = REAL(cuMemSetAccess)(va, size, desc, (size_t)n);
+    if (r != CUDA_SUCCESS)
+        goto unmap;
+    *dptr = va;
+    *hout = h;
+    *sizeout = size;
+    gs_lock();
+    struct gs_alloc *a = GS_PUSH(gs.allocs);
+    memset(a, 0, sizeof(*a));
+    a->id = gs_new_id();
+    a->h = h;
+    a->size = size;
+    a->dev = dev;
+    a->origin = GS_ORIGIN_MALLOC;
+    a->handle_types = prop.requestedHandleTypes;
+    a->va = va;
+    struct gs_map *m = GS_PUSH(gs.maps);
+    memset(m, 0, sizeof(*m));
+    m->va = va;
+    m->size = size;
+    m->h = h;
+    m->kind = GS_OBJ_ALLOC;
+    m->obj_id = a->id;
+    merge_access(m, desc, (size_t)n);
+    gs_unlock();
+    return CUDA_SUCCESS;
+unmap:
+    REAL(cuMemUnmap)(va, size);
+free_va:
+    CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, va, size);
+release:
+    REAL(cuMemRelease)(h);
+    return r;
+}
+
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+{
+    __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    int dev;
+    if (gs_depth || !dptr || bytesize < malloc_min() || malloc_min() == 0 ||
+        current_device(&dev) != CUDA_SUCCESS)
+        return real(dptr, bytesize);
+    gs_depth++;
+    gs_control_ensure();
+    CUmemGenericAllocationHandle h;
+    size_t size;
+    CUresult r = cumem_backed_alloc(dptr, bytesize, dev, &h, &size);
+    if (r != CUDA_SUCCESS)
+        r = real(dptr, bytesize); /* plain memory still works; the driver path will handle it */
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
+{
+    __typeof__(&cuMemFree_v2) real = REAL(cuMemFree_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(dptr);
+    gs_lock();
+    struct gs_alloc *a = gs_find_malloc_va(dptr);
+    if (!a) {
+        gs_unlock();
+        return real(dptr);
+    }
+    gs_depth++;
+    CUmemGenericAllocationHandle h = a->h;
+    size_t size = a->size;
+    uint64_t id = a->id;
+    a->app_released = 1;
+    forget_maps(dptr, size);
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (gs.allocs.v[i].id == id) {
+            for (size_t j = 0; j < gs.exports.n;)
+                if (gs.exports.v[j].kind == GS_OBJ_ALLOC && gs.exports.v[j].obj_id == id) {
+                    close(gs.exports.v[j].fd);
+                    GS_DEL(gs.exports, j);
+                } else {
+                    j++;
+                }
+            GS_DEL(gs.allocs, i);
+            break;
+        }
+    gs_unlock();
+    /* cuMemFree waits for work using the memory; cuMemUnmap does not. */
+    CUresult r = CU(CUresult(*)(void), cuCtxSynchronize);
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_CONTEXT) {
+        REAL(cuMemUnmap)(dptr, size);
+        CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, dptr, size);
+        r = REAL(cuMemRelease)(h);
+    }
+    gs_depth--;
+    return r;
+}
+
+/* ---- peer access ---------------------------------------------------------------------------- */
+
+static CUresult context_device(CUcontext ctx, int *dev)
+{
+    CUdevice d = 0;
+    CUresult r = CU(CUresult(*)(CUdevice *, CUcontext), cuCtxGetDevice_v2, &d, ctx);
+    if (r == CUDA_ERROR_NOT_FOUND) { /* older driver: push the context to ask it */
+        CUcontext old;
+        r = CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx);
+        if (r == CUDA_SUCCESS) {
+            r = CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d);
+            CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
+        }
+    }
+    *dev = (int)d;
+    return r;
+}
+
+/* Peer access to a context covers its cuMemAlloc memory; the shim's cuMem memory behind it needs
+ * per-allocation access, granted (or revoked) here. */
+static void apply_peer_access(int owner, int accessor, int enable)
+{
+    CUmemAccessDesc d;
+    d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    d.location.id = accessor;
+    d.flags = enable ? CU_MEM_ACCESS_FLAGS_PROT_READWRITE : CU_MEM_ACCESS_FLAGS_PROT_NONE;
+    gs_lock();
+    gs.peer[owner][accessor] = (unsigned char)enable;
+    for (size_t i = 0; i < gs.allocs.n; i++) {
+        struct gs_alloc *a = &gs.allocs.v[i];
+        if (a->origin != GS_ORIGIN_MALLOC || a->dev != owner)
+            continue;
+        if (REAL(cuMemSetAccess)(a->va, a->size, &d, 1) == CUDA_SUCCESS) {
+            struct gs_map *m = gs_find_map_at(a->va);
+            if (m)
+                merge_access(m, &d, 1);
+        }
+    }
+    gs_unlock();
+}
+
+static CUresult peer_access(CUcontext peer, unsigned flags, int enable)
+{
+    if (gs_depth)
+        return enable ? REAL(cuCtxEnablePeerAccess)(peer, flags) : REAL(cuCtxDisablePeerAccess)(peer);
+    gs_depth++;
+    CUresult r = enable ? REAL(cuCtxEnablePeerAccess)(peer, flags)
+                        : REAL(cuCtxDisablePeerAccess)(peer);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    int owner, accessor;
+    if (context_device(peer, &owner) == CUDA_SUCCESS && current_device(&accessor) == CUDA_SUCCESS &&
+        owner >= 0 && owner < GS_MAX_DEV && accessor >= 0 && accessor < GS_MAX_DEV)
+        apply_peer_access(owner, accessor, enable);
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
+{
+    if (!REAL(cuCtxEnablePeerAccess))
+        return CUDA_ERROR_NOT_FOUND;
+    return peer_access(peerContext, Flags, 1);
+}
+
+CUresult CUDAAPI cuCtxDisablePeerAccess(CUcontext peerContext)
+{
+    if (!REAL(cuCtxDisablePeerAccess))
+        return CUDA_ERROR_NOT_FOUND;
+    return peer_access(peerContext, 0, 0);
+}
+
+/* ---- multicast (NCCL NVLS): never exercised on a GPU machine by this project's tests ------------ */
+
+CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
+                                   const CUmulticastObjectProp *prop)
+{
+    __typeof__(&cuMulticastCreate) real = REAL(cuMulticastCreate);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, prop);
+    gs_depth++;
+    CUresult r = real(mcHandle, prop);
+    if (r != CUDA_SUCCESS || !prop || !mcHandle) {
+        gs_depth--;
+        return r;
+    }
+    gs_control_ensure();
+    gs_lock();
+    struct gs_mcast *mc = GS_PUSH(gs.mcasts);
+    memset(mc, 0, sizeof(*mc));
+    mc->id = gs_new_id();
+    mc->h = *mcHandle;
+    mc->prop = *prop;
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev)
+{
+    __typeof__(&cuMulticastAddDevice) real = REAL(cuMulticastAddDevice);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, dev);
+    gs_depth++;
+    CUresult r = real(mcHandle, dev);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
+    if (mc && mc->n_devs < GS_MAX_DEV)
+        mc->devs[mc->n_devs++] = (int)dev;
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+static void record_bind(CUmemGenericAllocationHandle mc_h, int dev, size_t mc_off, size_t size,
+                        CUmemGenericAllocationHandle mem_h, CUdeviceptr mem_ptr, size_t mem_off,
+                        unsigned long long flags)
+{
+    gs_lock();
+    struct gs_mcast *mc = gs_find_mcast_h(mc_h);
+    if (mc) {
+        struct gs_mcbind *b = GS_PUSH(gs.mcbinds);
+        memset(b, 0, sizeof(*b));
+        b->mc_id = mc->id;
+        b->dev = dev;
+        b->mc_offset = mc_off;
+        b->size = size;
+        b->mem_h = mem_h;
+        b->mem_ptr = mem_ptr;
+        b->mem_offset = mem_off;
+        b->flags = flags;
+        if (mem_ptr) {
+            struct gs_map *m = gs_find_map_at(mem_ptr);
+            if (m && m->kind == GS_OBJ_ALLOC)
+                b->mem_alloc_id = m->obj_id;
+        } else {
+            uint64_t id;
+            if (gs_classify_handle(mem_h, &id) == GS_OBJ_ALLOC)
+                b->mem_alloc_id = id;
+        }
+    }
+    gs_unlock();
+}
+
+static int mem_device(CUmemGenericAllocationHandle h, CUdeviceptr p)
+{
+    int dev = -1;
+    gs_lock();
+    uint64_t id;
+    if (h && gs_classify_handle(h, &id) == GS_OBJ_ALLOC) {
+        struct gs_alloc *a = gs_find_alloc_id(id);
+        if (a)
+            dev = a->dev;
+    } else if (p) {
+        struct gs_map *m = gs_find_map_at(p);
+        if (m && m->kind == GS_OBJ_ALLOC) {
+            struct gs_alloc *a = gs_find_alloc_id(m->obj_id);
+            if (a)
+                dev = a->dev;
+        }
+    }
+    gs_unlock();
+    return dev;
+}
+
+/* Binding blocks until every device of the group has joined, in every process: it runs without
+ * the state lock, which the control thread needs to serve the peers meanwhile. */
+CUresult CUDAAPI cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                                    CUmemGenericAllocationHandle memHandle, size_t memOffset,
+                                    size_t size, unsigned long long flags)
+{
+    __typeof__(&cuMulticastBindMem) real = REAL(cuMulticastBindMem);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+    gs_depth++;
+    CUresult r = real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    record_bind(mcHandle, mem_device(memHandle, 0), mcOffset, size, memHandle, 0, memOffset, flags);
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                                     CUdeviceptr memptr, size_t size, unsigned long long flags)
+{
+    __typeof__(&cuMulticastBindAddr) real = REAL(cuMulticastBindAddr);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, mcOffset, memptr, size, flags);
+    gs_depth++;
+    CUresult r = real(mcHandle, mcOffset, memptr, size, flags);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    record_bind(mcHandle, mem_device(0, memptr), mcOffset, size, 0, memptr, 0, flags);
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                   size_t mcOffset, size_t size)
+{
+    __typeof__(&cuMulticastUnbind) real = REAL(cuMulticastUnbind);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, dev, mcOffset, size);
+    gs_depth++;
+    CUresult r = real(mcHandle, dev, mcOffset, size);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
+    for (size_t i = 0; mc && i < gs.mcbinds.n;) {
+        struct gs_mcbind *b = &gs.mcbinds.v[i];
+        if (b->mc_id == mc->id && b->dev == (int)dev && b->mc_offset >= mcOffset &&
+            b->mc_offset - mcOffset < size)
+            GS_DEL(gs.mcbinds, i);
+        else
+            i++;
+    }
+    gs_collect();
+    gs_unlock();
+    gs_depth--;
+    return r;
+}

@@ -1,0 +1,507 @@
+/* ipc.c: memory shared between processes, linked to its exporter by (pid, allocation id).
+ *
+ * Shareable handles (POSIX fd):
+ *   export  the shim keeps a dup of every exported fd; a copy of that fd, wherever it travelled,
+ *           is recognised with kcmp(KCMP_FILE) against the dup
+ *   import  the shim asks itself, then the shim of every process with a control socket in this
+ *           network namespace ("whose", with the fd attached) who exported it; an import nobody
+ *           claims keeps a dup and is asked about again at quiesce, then refused if still unknown
+ *
+ * Legacy CUDA IPC (cuIpcGetMemHandle/cuIpcOpenMemHandle):
+ *   memory behind a shim-backed cuMemAlloc gets a shim handle (magic, pid, allocation id); the
+ *   opener asks the exporter's shim for a POSIX fd of that allocation ("export"), imports and maps
+ *   it at a fresh VA. The driver never sees a legacy IPC handle of this memory, and a handle
+ *   nobody opens costs nothing. Any other memory goes to the driver and is recorded as something a
+ *   checkpoint must refuse.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/kcmp.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "shim_internal.h"
+
+#define GS_IPC_MAGIC "CRIUGSH1"
+
+struct gs_ipc_handle {
+    char magic[8];
+    uint32_t version;
+    int32_t pid;
+    uint64_t alloc_id;
+    uint64_t size;
+    uint64_t offset;
+    int32_t dev;
+};
+_Static_assert(sizeof(struct gs_ipc_handle) <= sizeof(((CUipcMemHandle *)0)->reserved),
+               "the shim's IPC handle must fit in CUipcMemHandle");
+
+/* Do two fds name the same exported memory? The same open file (kcmp), or for file-backed exports
+ * the same inode; device nodes (the real driver's fds) all share one inode, so only kcmp counts
+ * for them. */
+static int same_file(int a, int b)
+{
+    pid_t self = getpid();
+    if (syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0)
+        return 1;
+    /* A file-backed export (memfd) reopened through /proc/PID/fd is a new open file of the same
+     * inode, and the same memory. */
+    struct stat sa, sb;
+    if (fstat(a, &sa) || fstat(b, &sb) || S_ISCHR(sa.st_mode))
+        return 0;
+    return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+int gs_whose_fd(int fd, uint64_t *id, char *err, size_t errlen)
+{
+    if (gs_lock_timed(2000)) {
+        snprintf(err, errlen, "busy (state lock)");
+        return -2;
+    }
+    int found = -1;
+    for (size_t i = 0; i < gs.exports.n; i++) {
+        struct gs_export *e = &gs.exports.v[i];
+        if (e->kind == GS_OBJ_ALLOC && e->obj_id && same_file(fd, e->fd)) {
+            *id = e->obj_id;
+            found = 0;
+            break;
+        }
+    }
+    gs_unlock();
+    if (found)
+        snprintf(err, errlen, "not exported by this process");
+    return found;
+}
+
+/* Pushes the primary context of dev (the server threads have none), for driver calls that may
+ * want one. */
+static int push_device(int dev)
+{
+    CUcontext ctx;
+    if (dev < 0 ||
+        CU(CUresult(*)(CUcontext *, CUdevice), cuDevicePrimaryCtxRetain, &ctx, dev) != CUDA_SUCCESS)
+        return 0;
+    if (CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS) {
+        CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
+        return 0;
+    }
+    return 1;
+}
+
+static void pop_device(int dev)
+{
+    CUcontext old;
+    CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
+    CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
+}
+
+int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
+{
+    if (gs_lock_timed(2000)) {
+        snprintf(err, errlen, "busy (state lock)");
+        return -2;
+    }
+    struct gs_alloc *a = gs_find_alloc_id(id);
+    if (!a) {
+        gs_unlock();
+        /* Freed: never export a handle the shim does not hold. */
+        snprintf(err, errlen, "gone: allocation %llu no longer exists", (unsigned long long)id);
+        return -1;
+    }
+    CUmemGenericAllocationHandle h = a->h;
+    int dev = a->dev, retained = 0;
+    CUresult r = CUDA_SUCCESS;
+    if (a->app_released) {
+        /* The app released its handle; a mapping keeps the memory: take a handle of our own. */
+        struct gs_map *m = NULL;
+        for (size_t i = 0; i < gs.maps.n && !m; i++)
+            if (gs.maps.v[i].kind == GS_OBJ_ALLOC && gs.maps.v[i].obj_id == id)
+                m = &gs.maps.v[i];
+        r = m ? REAL(cuMemRetainAllocationHandle)(&h, (void *)(uintptr_t)m->va)
+              : CUDA_ERROR_NOT_FOUND;
+        retained = r == CUDA_SUCCESS;
+    }
+    int fd = -1;
+    if (r == CUDA_SUCCESS) {
+        int pushed = push_device(dev);
+        r = REAL(cuMemExportToShareableHandle)(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+        if (pushed)
+            pop_device(dev);
+    }
+    if (retained)
+        REAL(cuMemRelease)(h);
+    gs_unlock();
+    if (r != CUDA_SUCCESS) {
+        const char *name = NULL;
+        CU(CUresult(*)(CUresult, const char **), cuGetErrorName, r, &name);
+        snprintf(err, errlen, "cuMemExportToShareableHandle of allocation %llu: %s",
+                 (unsigned long long)id, name ? name : "CUDA error");
+        return -1;
+    }
+    *fd_out = fd;
+    return 0;
+}
+
+/* Reads "id" from a reply {"v":1,"ok":true,"id":N}. */
+static int reply_id(const char *reply, uint64_t *id)
+{
+    struct gs_json j;
+    char err[128];
+    if (gs_json_parse(reply, strlen(reply), &j, err, sizeof(err)))
+        return -1;
+    const struct gs_json_field *ok = gs_json_get(&j, "ok", 'b');
+    const struct gs_json_field *f = gs_json_get(&j, "id", 'i');
+    if (!ok || !ok->num || !f || f->num <= 0)
+        return -1;
+    *id = (uint64_t)f->num;
+    return 0;
+}
+
+/* Who exported this fd: this process, or a peer with the shim. Call without the state lock. */
+static int find_exporter(int fd, pid_t *pid, uint64_t *id)
+{
+    char err[128];
+    if (gs_whose_fd(fd, id, err, sizeof(err)) == 0) {
+        *pid = getpid();
+        return 0;
+    }
+    pid_t pids[512];
+    int n = gs_peer_pids(pids, 512);
+    char req[64], reply[512];
+    snprintf(req, sizeof(req), "{\"v\":%d,\"cmd\":\"whose\"}", CRIU_GPUSHARE_PROTOCOL);
+    for (int i = 0; i < n; i++) {
+        if (pids[i] == getpid())
+            continue;
+        if (gs_peer_request(pids[i], req, fd, reply, sizeof(reply), NULL, 2000) == 0 &&
+            reply_id(reply, id) == 0) {
+            *pid = pids[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int gs_resolve_pending_imports(void)
+{
+    struct pending {
+        uint64_t id;
+        int fd;
+    } todo[256];
+    int n = 0, left = 0;
+    gs_lock();
+    for (size_t i = 0; i < gs.imports.n; i++) {
+        struct gs_import *im = &gs.imports.v[i];
+        if (im->kind != GS_IMPORT_FD || im->exporter_pid)
+            continue;
+        if (im->unresolved_fd >= 0 && n < 256) {
+            int fd = fcntl(im->unresolved_fd, F_DUPFD_CLOEXEC, 3);
+            if (fd >= 0) {
+                todo[n].id = im->id;
+                todo[n++].fd = fd;
+            }
+        }
+    }
+    gs_unlock();
+    for (int k = 0; k < n; k++) {
+        pid_t pid;
+        uint64_t eid;
+        int found = find_exporter(todo[k].fd, &pid, &eid) == 0;
+        close(todo[k].fd);
+        if (!found)
+            continue;
+        gs_lock();
+        for (size_t i = 0; i < gs.imports.n; i++) {
+            struct gs_import *im = &gs.imports.v[i];
+            if (im->id == todo[k].id && !im->exporter_pid) {
+                im->exporter_pid = pid;
+                im->exporter_id = eid;
+                if (im->unresolved_fd >= 0)
+                    close(im->unresolved_fd);
+                im->unresolved_fd = -1;
+            }
+        }
+        gs_unlock();
+    }
+    gs_lock();
+    for (size_t i = 0; i < gs.imports.n; i++)
+        left += gs.imports.v[i].exporter_pid == 0;
+    gs_unlock();
+    return left;
+}
+
+CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
+                                              CUmemGenericAllocationHandle handle,
+                                              CUmemAllocationHandleType handleType,
+                                              unsigned long long flags)
+{
+    __typeof__(&cuMemExportToShareableHandle) real = REAL(cuMemExportToShareableHandle);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(shareableHandle, handle, handleType, flags);
+    gs_depth++;
+    CUresult r = real(shareableHandle, handle, handleType, flags);
+    if (r == CUDA_SUCCESS && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
+        shareableHandle) {
+        gs_control_ensure();
+        int dup = fcntl(*(int *)shareableHandle, F_DUPFD_CLOEXEC, 3);
+        gs_lock();
+        uint64_t id;
+        int kind = gs_classify_handle(handle, &id);
+        if (kind != GS_OBJ_ALLOC) {
+            gs.n_untracked_exports++;
+            snprintf(gs.last_untracked, sizeof(gs.last_untracked),
+                     "cuMemExportToShareableHandle of %s handle 0x%llx",
+                     kind == GS_OBJ_IMPORT ? "imported" : kind == GS_OBJ_MCAST ? "multicast"
+                                                                              : "an unknown",
+                     (unsigned long long)handle);
+        }
+        if (dup >= 0) {
+            struct gs_export *e = GS_PUSH(gs.exports);
+            memset(e, 0, sizeof(*e));
+            e->fd = dup;
+            e->obj_id = id;
+            e->kind = kind;
+            e->h = handle;
+        }
+        gs_unlock();
+    }
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
+                                                void *osHandle,
+                                                CUmemAllocationHandleType shHandleType)
+{
+    __typeof__(&cuMemImportFromShareableHandle) real = REAL(cuMemImportFromShareableHandle);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(handle, osHandle, shHandleType);
+    gs_depth++;
+    CUresult r = real(handle, osHandle, shHandleType);
+    if (r != CUDA_SUCCESS || !handle) {
+        gs_depth--;
+        return r;
+    }
+    gs_control_ensure();
+    pid_t pid = 0;
+    uint64_t eid = 0;
+    int keep = -1;
+    if (shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
+        int fd = (int)(intptr_t)osHandle;
+        if (find_exporter(fd, &pid, &eid))
+            keep = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* ask again at quiesce */
+    }
+    gs_lock();
+    struct gs_import *im = GS_PUSH(gs.imports);
+    memset(im, 0, sizeof(*im));
+    im->id = gs_new_id();
+    im->kind = GS_IMPORT_FD;
+    im->h = *handle;
+    im->exporter_pid = pid;
+    im->exporter_id = eid;
+    im->unresolved_fd = keep;
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+/* ---- legacy CUDA IPC ---------------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
+{
+    __typeof__(&cuIpcGetMemHandle) real = REAL(cuIpcGetMemHandle);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth || !pHandle)
+        return real(pHandle, dptr);
+    gs_depth++;
+    struct gs_ipc_handle w;
+    memset(&w, 0, sizeof(w));
+    gs_lock();
+    struct gs_map *m = gs_find_map_at(dptr);
+    struct gs_alloc *a = m && m->kind == GS_OBJ_ALLOC ? gs_find_alloc_id(m->obj_id) : NULL;
+    if (a && a->origin == GS_ORIGIN_MALLOC) {
+        memcpy(w.magic, GS_IPC_MAGIC, sizeof(w.magic));
+        w.version = 1;
+        w.pid = (int32_t)getpid();
+        w.alloc_id = a->id;
+        w.size = a->size;
+        w.offset = dptr - a->va;
+        w.dev = a->dev;
+    }
+    gs_unlock();
+    CUresult r;
+    if (w.alloc_id) {
+        gs_control_ensure(); /* peers will ask for the memory */
+        memset(pHandle, 0, sizeof(*pHandle));
+        memcpy(pHandle->reserved, &w, sizeof(w));
+        r = CUDA_SUCCESS;
+    } else {
+        r = real(pHandle, dptr);
+        if (r == CUDA_SUCCESS) {
+            gs_lock();
+            gs.n_foreign_ipc_exports++;
+            gs_unlock();
+        }
+    }
+    gs_depth--;
+    return r;
+}
+
+static CUresult open_shim_handle(const struct gs_ipc_handle *w, unsigned flags, CUdeviceptr *out)
+{
+    if (w->pid == (int32_t)getpid())
+        return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: a process cannot open its own handle */
+    char req[128], reply[512];
+    snprintf(req, sizeof(req), "{\"v\":%d,\"cmd\":\"export\",\"id\":%llu}", CRIU_GPUSHARE_PROTOCOL,
+             (unsigned long long)w->alloc_id);
+    int fd = -1;
+    if (gs_peer_request(w->pid, req, -1, reply, sizeof(reply), &fd, 10000) || fd < 0) {
+        gs_log("cuIpcOpenMemHandle: pid %d did not export allocation %llu: %s", (int)w->pid,
+               (unsigned long long)w->alloc_id, reply[0] ? reply : "no reply");
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
+    CUmemGenericAllocationHandle h;
+    CUresult r = REAL(cuMemImportFromShareableHandle)(&h, (void *)(intptr_t)fd,
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    close(fd);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUdeviceptr va = 0;
+    r = CU(CUresult(*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),
+           cuMemAddressReserve, &va, w->size, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        goto release;
+    r = REAL(cuMemMap)(va, w->size, 0, h, 0);
+    if (r != CUDA_SUCCESS)
+        goto free_va;
+    CUmemAccessDesc desc[2];
+    int n = 0;
+    CUdevice cur = 0;
+    if (CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &cur) != CUDA_SUCCESS)
+        cur = w->dev;
+    desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    desc[n].location.id = cur;
+    desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if ((flags & CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) && w->dev != cur) {
+        desc[n].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        desc[n].location.id = w->dev;
+        desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
+    r = REAL(cuMemSetAccess)(va, w->size, desc, (size_t)n);
+    if (r != CUDA_SUCCESS)
+        goto unmap;
+    REAL(cuMemRelease)(h); /* the mapping holds the memory */
+    gs_lock();
+    struct gs_import *im = GS_PUSH(gs.imports);
+    memset(im, 0, sizeof(*im));
+    im->id = gs_new_id();
+    im->kind = GS_IMPORT_IPC;
+    im->size = w->size;
+    im->va = va;
+    im->exporter_pid = w->pid;
+    im->exporter_id = w->alloc_id;
+    im->unresolved_fd = -1;
+    im->app_released = 1;
+    struct gs_map *m = GS_PUSH(gs.maps);
+    memset(m, 0, sizeof(*m));
+    m->va = va;
+    m->size = w->size;
+    m->kind = GS_OBJ_IMPORT;
+    m->obj_id = im->id;
+    for (int i = 0; i < n && i < GS_MAX_ACCESS; i++)
+        m->access[m->n_access++] = desc[i];
+    gs_unlock();
+    *out = va + w->offset;
+    return CUDA_SUCCESS;
+unmap:
+    REAL(cuMemUnmap)(va, w->size);
+free_va:
+    CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, va, w->size);
+release:
+    REAL(cuMemRelease)(h);
+    return r;
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
+                                       unsigned int Flags)
+{
+    __typeof__(&cuIpcOpenMemHandle_v2) real = REAL(cuIpcOpenMemHandle_v2);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth || !pdptr)
+        return real(pdptr, handle, Flags);
+    gs_depth++;
+    gs_control_ensure();
+    struct gs_ipc_handle w;
+    memcpy(&w, handle.reserved, sizeof(w));
+    CUresult r;
+    if (!memcmp(w.magic, GS_IPC_MAGIC, sizeof(w.magic)) && w.version == 1) {
+        r = open_shim_handle(&w, Flags, pdptr);
+    } else {
+        r = real(pdptr, handle, Flags);
+        if (r == CUDA_SUCCESS) {
+            /* Memory of a process without the shim (or too small to be backed): recorded so a
+             * checkpoint refuses it instead of failing in the driver's restore. */
+            gs_lock();
+            struct gs_import *im = GS_PUSH(gs.imports);
+            memset(im, 0, sizeof(*im));
+            im->id = gs_new_id();
+            im->kind = GS_IMPORT_IPC;
+            im->va = *pdptr;
+            im->unresolved_fd = -1;
+            im->app_released = 1;
+            gs_unlock();
+        }
+    }
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+    __typeof__(&cuIpcCloseMemHandle) real = REAL(cuIpcCloseMemHandle);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(dptr);
+    gs_depth++;
+    gs_lock();
+    struct gs_import *im = NULL;
+    for (size_t i = 0; i < gs.imports.n && !im; i++) {
+        struct gs_import *c = &gs.imports.v[i];
+        if (c->kind == GS_IMPORT_IPC && dptr >= c->va && (c->size ? dptr - c->va < c->size : dptr == c->va))
+            im = c;
+    }
+    int ours = im && im->exporter_pid;
+    CUdeviceptr va = im ? im->va : 0;
+    size_t size = im ? im->size : 0;
+    if (im) {
+        for (size_t i = 0; i < gs.maps.n;)
+            if (gs.maps.v[i].kind == GS_OBJ_IMPORT && gs.maps.v[i].obj_id == im->id)
+                GS_DEL(gs.maps, i);
+            else
+                i++;
+        GS_DEL(gs.imports, (size_t)(im - gs.imports.v));
+    }
+    gs_unlock();
+    CUresult r;
+    if (ours) {
+        /* Like the driver's close: work still using the memory finishes first. */
+        CU(CUresult(*)(void), cuCtxSynchronize);
+        r = REAL(cuMemUnmap)(va, size);
+        CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, va, size);
+    } else {
+        r = real(dptr);
+    }
+    gs_depth--;
+    return r;
+}

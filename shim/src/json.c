@@ -1,0 +1,236 @@
+/* json.c: just enough JSON for the control protocol: a growable writer, and a strict reader of one
+ * flat object (requests carry a command and a few scalar fields). The reader never trusts the
+ * input: every length is bounded and anything unexpected is an error with a reason. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shim_internal.h"
+
+static void reserve(struct gs_buf *b, size_t extra)
+{
+    if (b->oom || b->n + extra + 1 <= b->cap)
+        return;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->n + extra + 1)
+        cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) {
+        b->oom = 1;
+        return;
+    }
+    b->p = p;
+    b->cap = cap;
+}
+
+void gs_buf_printf(struct gs_buf *b, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char small[512];
+    int n = vsnprintf(small, sizeof(small), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    reserve(b, (size_t)n);
+    if (b->oom)
+        return;
+    if ((size_t)n < sizeof(small)) {
+        memcpy(b->p + b->n, small, (size_t)n + 1);
+    } else {
+        va_start(ap, fmt);
+        vsnprintf(b->p + b->n, (size_t)n + 1, fmt, ap);
+        va_end(ap);
+    }
+    b->n += (size_t)n;
+}
+
+void gs_buf_str(struct gs_buf *b, const char *s)
+{
+    gs_buf_printf(b, "\"");
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\')
+            gs_buf_printf(b, "\\%c", c);
+        else if (c < 0x20)
+            gs_buf_printf(b, "\\u%04x", c);
+        else
+            gs_buf_printf(b, "%c", c);
+    }
+    gs_buf_printf(b, "\"");
+}
+
+void gs_buf_free(struct gs_buf *b)
+{
+    free(b->p);
+    memset(b, 0, sizeof(*b));
+}
+
+/* ---- reader ----------------------------------------------------------------------------------- */
+
+struct rd {
+    const char *start, *p, *end;
+    char *err;
+    size_t errlen;
+};
+
+static int fail(struct rd *r, const char *why)
+{
+    snprintf(r->err, r->errlen, "bad JSON at byte %ld: %s", (long)(r->p - r->start), why);
+    return -1;
+}
+
+static void ws(struct rd *r)
+{
+    while (r->p < r->end && (*r->p == ' ' || *r->p == '\t' || *r->p == '\n' || *r->p == '\r'))
+        r->p++;
+}
+
+/* A string into out (at most outlen-1 bytes; longer is an error). \uXXXX above 0x7f is refused:
+ * no protocol field needs it. */
+static int str(struct rd *r, char *out, size_t outlen)
+{
+    if (r->p >= r->end || *r->p != '"')
+        return fail(r, "expected a string");
+    r->p++;
+    size_t n = 0;
+    while (r->p < r->end && *r->p != '"') {
+        char c = *r->p++;
+        if ((unsigned char)c < 0x20)
+            return fail(r, "control character in string");
+        if (c == '\\') {
+            if (r->p >= r->end)
+                return fail(r, "truncated escape");
+            char e = *r->p++;
+            switch (e) {
+            case '"': case '\\': case '/': c = e; break;
+            case 'n': c = '\n'; break;
+            case 't': c = '\t'; break;
+            case 'r': c = '\r'; break;
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'u': {
+                if (r->end - r->p < 4)
+                    return fail(r, "truncated \\u escape");
+                unsigned v = 0;
+                for (int i = 0; i < 4; i++) {
+                    char h = *r->p++;
+                    v <<= 4;
+                    if (h >= '0' && h <= '9') v |= (unsigned)(h - '0');
+                    else if (h >= 'a' && h <= 'f') v |= (unsigned)(h - 'a' + 10);
+                    else if (h >= 'A' && h <= 'F') v |= (unsigned)(h - 'A' + 10);
+                    else return fail(r, "bad \\u escape");
+                }
+                if (v == 0 || v > 0x7f)
+                    return fail(r, "\\u escape outside ASCII");
+                c = (char)v;
+                break;
+            }
+            default: return fail(r, "unknown escape");
+            }
+        }
+        if (n + 1 >= outlen)
+            return fail(r, "string too long");
+        out[n++] = c;
+    }
+    if (r->p >= r->end)
+        return fail(r, "unterminated string");
+    r->p++;
+    out[n] = 0;
+    return 0;
+}
+
+int gs_json_parse(const char *text, size_t len, struct gs_json *out, char *err, size_t errlen)
+{
+    struct rd r = {text, text, text + len, err, errlen};
+    memset(out, 0, sizeof(*out));
+    /* A trailing NUL (C senders) is allowed. */
+    while (r.end > r.p && r.end[-1] == 0)
+        r.end--;
+    ws(&r);
+    if (r.p >= r.end || *r.p != '{')
+        return fail(&r, "expected an object");
+    r.p++;
+    ws(&r);
+    if (r.p < r.end && *r.p == '}') {
+        r.p++;
+        goto done;
+    }
+    for (;;) {
+        if (out->n == GS_JSON_MAX_FIELDS)
+            return fail(&r, "too many fields");
+        struct gs_json_field *f = &out->f[out->n];
+        ws(&r);
+        if (str(&r, f->key, sizeof(f->key)))
+            return -1;
+        for (int i = 0; i < out->n; i++)
+            if (!strcmp(out->f[i].key, f->key))
+                return fail(&r, "duplicate key");
+        ws(&r);
+        if (r.p >= r.end || *r.p != ':')
+            return fail(&r, "expected ':'");
+        r.p++;
+        ws(&r);
+        if (r.p >= r.end)
+            return fail(&r, "truncated value");
+        if (*r.p == '"') {
+            f->type = 's';
+            if (str(&r, f->str, sizeof(f->str)))
+                return -1;
+        } else if (*r.p == '-' || (*r.p >= '0' && *r.p <= '9')) {
+            int neg = *r.p == '-';
+            if (neg)
+                r.p++;
+            unsigned long long v = 0;
+            int digits = 0;
+            while (r.p < r.end && *r.p >= '0' && *r.p <= '9') {
+                if (++digits > 19)
+                    return fail(&r, "number too large");
+                v = v * 10 + (unsigned long long)(*r.p++ - '0');
+            }
+            if (!digits)
+                return fail(&r, "bad number");
+            if (r.p < r.end && (*r.p == '.' || *r.p == 'e' || *r.p == 'E'))
+                return fail(&r, "only integers are accepted");
+            f->type = 'i';
+            f->num = neg ? -(long long)v : (long long)v;
+        } else if (r.end - r.p >= 4 && !memcmp(r.p, "true", 4)) {
+            f->type = 'b';
+            f->num = 1;
+            r.p += 4;
+        } else if (r.end - r.p >= 5 && !memcmp(r.p, "false", 5)) {
+            f->type = 'b';
+            r.p += 5;
+        } else if (r.end - r.p >= 4 && !memcmp(r.p, "null", 4)) {
+            f->type = 'n';
+            r.p += 4;
+        } else {
+            return fail(&r, "unsupported value (nested objects and arrays are not accepted)");
+        }
+        out->n++;
+        ws(&r);
+        if (r.p < r.end && *r.p == ',') {
+            r.p++;
+            continue;
+        }
+        if (r.p < r.end && *r.p == '}') {
+            r.p++;
+            break;
+        }
+        return fail(&r, "expected ',' or '}'");
+    }
+done:
+    ws(&r);
+    if (r.p != r.end)
+        return fail(&r, "trailing bytes after the object");
+    return 0;
+}
+
+const struct gs_json_field *gs_json_get(const struct gs_json *j, const char *key, int type)
+{
+    for (int i = 0; i < j->n; i++)
+        if (!strcmp(j->f[i].key, key))
+            return j->f[i].type == type ? &j->f[i] : NULL;
+    return NULL;
+}

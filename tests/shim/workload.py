@@ -1,0 +1,310 @@
+"""A cuda-python workload driven line by line, for the shim tests (runs on the fake or a real GPU).
+
+Reads one command a line on stdin and answers one JSON line on stdout: {"ok": true, ...} or
+{"ok": false, "error": "<CUresult name or message>"}. Buffers are named; numbers are integers.
+
+  malloc NAME BYTES [DEV]        cuMemAlloc (on device DEV's primary context) -> ptr
+  free NAME                      cuMemFree
+  cumem NAME BYTES [DEV] [FD]    cuMemCreate (FD=1 asks for POSIX fd), reserve, map, access DEV
+                                                                            -> ptr, handle
+  access NAME DEV PROT           cuMemSetAccess on NAME for device DEV, PROT rw|r|none
+  unmap NAME / release NAME      cuMemUnmap / cuMemRelease
+  retain NAME                    cuMemRetainAllocationHandle(ptr)           -> handle
+  export NAME                    cuMemExportToShareableHandle (POSIX fd)    -> fd
+  listen PATH / sendfd FD PATH / recvfd   pass an fd between workloads (SCM_RIGHTS, datagram)
+  import NAME FD BYTES           cuMemImportFromShareableHandle, reserve, map, access -> ptr
+  ipcget NAME / ipcopen NAME HEX [BYTES] / ipcclose NAME   legacy CUDA IPC
+  hostalloc NAME BYTES FLAGS / allochost NAME BYTES / freehost NAME
+  hostreg NAME BYTES / hostunreg NAME            mmap'd memory registered by the app
+  peer DEV                       cuCtxEnablePeerAccess to device DEV's primary context
+  fill NAME VALUE / add NAME VALUE   kernel over NAME on the worker stream (not waited for)
+  memset NAME VALUE              cuMemsetD32Async on the worker stream (not waited for)
+  sleep US                       sleep_us kernel on the worker stream (not waited for)
+  sync                           cuStreamSynchronize(worker stream)
+  read NAME [COUNT]              cuMemcpyDtoH of COUNT uint32 (default 4)   -> values
+  hammer SECONDS THREADS         THREADS threads each loop {launch add32 +1, memset-free copy}
+                                 on its own stream for SECONDS; -> counts per thread
+  mc NAME                        multicast object of NAME's size (1 device), add device 0, bind
+                                 NAME's handle                              -> handle
+  unbind NAME                    cuMulticastUnbind of that bind
+  exit
+"""
+from __future__ import annotations
+
+import array
+import ctypes
+import json
+import mmap
+import os
+import socket
+import sys
+import threading
+import time
+
+from cuda.bindings import driver as cu
+
+FD_TYPE = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+PROT = {"rw": cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+        "r": cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ,
+        "none": cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_NONE}
+
+
+class CudaError(Exception):
+    pass
+
+
+def ok(result):
+    err = result[0]
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise CudaError(cu.cuGetErrorName(err)[1].decode())
+    rest = result[1:]
+    return rest[0] if len(rest) == 1 else (rest if rest else None)
+
+
+def access_desc(dev, prot="rw"):
+    d = cu.CUmemAccessDesc()
+    d.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    d.location.id = dev
+    d.flags = PROT[prot]
+    return d
+
+
+class Workload:
+    def __init__(self):
+        ok(cu.cuInit(0))
+        self.ctxs = {}
+        self.ctx = self.primary(0)
+        ok(cu.cuCtxSetCurrent(self.ctx))
+        self.module = ok(cu.cuModuleLoadData(b"fakecuda"))
+        self.funcs = {k: ok(cu.cuModuleGetFunction(self.module, k.encode()))
+                      for k in ("sleep_us", "fill32", "add32")}
+        self.stream = ok(cu.cuStreamCreate(0))
+        self.bufs = {}
+        self.sock = None
+
+    def primary(self, dev):
+        if dev not in self.ctxs:
+            self.ctxs[dev] = ok(cu.cuDevicePrimaryCtxRetain(ok(cu.cuDeviceGet(dev))))
+        return self.ctxs[dev]
+
+    def launch(self, kernel, args, types, stream=None):
+        ok(cu.cuLaunchKernel(self.funcs[kernel], 1, 1, 1, 1, 1, 1, 0, stream or self.stream,
+                             (args, types), 0))
+
+    def map(self, handle, size, dev):
+        va = ok(cu.cuMemAddressReserve(size, 0, 0, 0))
+        ok(cu.cuMemMap(va, size, 0, handle, 0))
+        ok(cu.cuMemSetAccess(va, size, [access_desc(dev)], 1))
+        return int(va)
+
+    # -- device memory -----------------------------------------------------------------------------
+    def cmd_malloc(self, name, size, dev="0"):
+        ok(cu.cuCtxSetCurrent(self.primary(int(dev))))
+        try:
+            ptr = int(ok(cu.cuMemAlloc(int(size))))
+        finally:
+            ok(cu.cuCtxSetCurrent(self.ctx))
+        self.bufs[name] = {"ptr": ptr, "size": int(size)}
+        return {"ptr": ptr}
+
+    def cmd_free(self, name):
+        ok(cu.cuMemFree(self.bufs.pop(name)["ptr"]))
+
+    def cmd_cumem(self, name, size, dev="0", fd="1"):
+        size, dev = int(size), int(dev)
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = dev
+        if fd == "1":
+            prop.requestedHandleTypes = FD_TYPE
+        handle = ok(cu.cuMemCreate(size, prop, 0))
+        ptr = self.map(handle, size, dev)
+        self.bufs[name] = {"ptr": ptr, "size": size, "handle": handle}
+        return {"ptr": ptr, "handle": int(handle)}
+
+    def cmd_access(self, name, dev, prot):
+        b = self.bufs[name]
+        ok(cu.cuMemSetAccess(b["ptr"], b["size"], [access_desc(int(dev), prot)], 1))
+
+    def cmd_unmap(self, name):
+        b = self.bufs[name]
+        ok(cu.cuMemUnmap(b["ptr"], b["size"]))
+
+    def cmd_release(self, name):
+        ok(cu.cuMemRelease(self.bufs[name]["handle"]))
+
+    def cmd_retain(self, name):
+        h = ok(cu.cuMemRetainAllocationHandle(self.bufs[name]["ptr"]))
+        self.bufs[name]["handle"] = h
+        return {"handle": int(h)}
+
+    def cmd_export(self, name):
+        return {"fd": int(ok(cu.cuMemExportToShareableHandle(self.bufs[name]["handle"], FD_TYPE, 0)))}
+
+    def cmd_listen(self, path):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(path)
+
+    def cmd_sendfd(self, fd, path):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            s.sendmsg([b"fd"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [int(fd)]))],
+                      0, path)
+
+    def cmd_recvfd(self):
+        self.sock.settimeout(10)
+        _, fds, _, _ = socket.recv_fds(self.sock, 16, 1)
+        return {"fd": fds[0]}
+
+    def cmd_import(self, name, fd, size):
+        handle = ok(cu.cuMemImportFromShareableHandle(int(fd), FD_TYPE))
+        ptr = self.map(handle, int(size), 0)
+        self.bufs[name] = {"ptr": ptr, "size": int(size), "handle": handle}
+        return {"ptr": ptr}
+
+    # cuda-bindings 13 exposes no field of CUipcMemHandle: its 64 bytes are reached by address.
+    def cmd_ipcget(self, name):
+        h = ok(cu.cuIpcGetMemHandle(self.bufs[name]["ptr"]))
+        return {"handle": ctypes.string_at(h.getPtr(), 64).hex()}
+
+    def cmd_ipcopen(self, name, hexdata, size="0"):
+        h = cu.CUipcMemHandle()
+        ctypes.memmove(h.getPtr(), bytes.fromhex(hexdata), 64)
+        ptr = int(ok(cu.cuIpcOpenMemHandle(h, cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)))
+        self.bufs[name] = {"ptr": ptr, "size": int(size)}
+        return {"ptr": ptr}
+
+    def cmd_ipcclose(self, name):
+        ok(cu.cuIpcCloseMemHandle(self.bufs.pop(name)["ptr"]))
+
+    # -- host memory ---------------------------------------------------------------------------------
+    def cmd_hostalloc(self, name, size, flags="0"):
+        ptr = int(ok(cu.cuMemHostAlloc(int(size), int(flags))))
+        self.bufs[name] = {"ptr": ptr, "size": int(size)}
+        ctypes.memset(ptr, 0x5A, int(size))  # the CPU can use it
+        return {"ptr": ptr}
+
+    def cmd_allochost(self, name, size):
+        ptr = int(ok(cu.cuMemAllocHost(int(size))))
+        self.bufs[name] = {"ptr": ptr, "size": int(size)}
+        ctypes.memset(ptr, 0x5A, int(size))
+        return {"ptr": ptr}
+
+    def cmd_freehost(self, name):
+        ok(cu.cuMemFreeHost(self.bufs.pop(name)["ptr"]))
+
+    def cmd_hostreg(self, name, size):
+        m = mmap.mmap(-1, int(size))
+        ptr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+        ok(cu.cuMemHostRegister(ptr, int(size), 0))
+        self.bufs[name] = {"ptr": ptr, "size": int(size), "mmap": m}
+        return {"ptr": ptr}
+
+    def cmd_hostunreg(self, name):
+        ok(cu.cuMemHostUnregister(self.bufs[name]["ptr"]))
+
+    def cmd_peer(self, dev):
+        ok(cu.cuCtxEnablePeerAccess(self.primary(int(dev)), 0))
+
+    # -- work ----------------------------------------------------------------------------------------
+    def cmd_fill(self, name, value):
+        b = self.bufs[name]
+        self.launch("fill32", (b["ptr"], int(value), b["size"] // 4),
+                    (ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64))
+
+    def cmd_add(self, name, value):
+        b = self.bufs[name]
+        self.launch("add32", (b["ptr"], int(value), b["size"] // 4),
+                    (ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64))
+
+    def cmd_memset(self, name, value):
+        b = self.bufs[name]
+        ok(cu.cuMemsetD32Async(b["ptr"], int(value), b["size"] // 4, self.stream))
+
+    def cmd_sleep(self, us):
+        self.launch("sleep_us", (int(us),), (ctypes.c_uint64,))
+
+    def cmd_sync(self):
+        ok(cu.cuStreamSynchronize(self.stream))
+
+    def cmd_read(self, name, count="4"):
+        out = (ctypes.c_uint32 * int(count))()
+        ok(cu.cuMemcpyDtoH(ctypes.addressof(out), self.bufs[name]["ptr"], 4 * int(count)))
+        return {"values": list(out)}
+
+    def cmd_hammer(self, seconds, nthreads):
+        """Threads submitting kernels and copies as fast as they can; each thread adds 1 to its
+        own buffer per iteration, so the final contents prove every launch ran exactly once."""
+        deadline = time.monotonic() + float(seconds)
+        counts = [0] * int(nthreads)
+        errors = []
+        bufs = [int(ok(cu.cuMemAlloc(4096))) for _ in counts]
+        host = (ctypes.c_uint32 * 1024)()
+
+        def run(i):
+            try:
+                ok(cu.cuCtxSetCurrent(self.ctx))
+                stream = ok(cu.cuStreamCreate(0))
+                ok(cu.cuMemsetD32Async(bufs[i], 0, 1024, stream))
+                while time.monotonic() < deadline:
+                    self.launch("add32", (bufs[i], 1, 1024),
+                                (ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64), stream)
+                    ok(cu.cuMemcpyDtoHAsync(ctypes.addressof(host), bufs[i], 4, stream))
+                    counts[i] += 1
+                ok(cu.cuStreamSynchronize(stream))
+            except CudaError as e:
+                errors.append(str(e))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(counts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise CudaError(errors[0])
+        values = []
+        for b in bufs:
+            out = (ctypes.c_uint32 * 1024)()
+            ok(cu.cuMemcpyDtoH(ctypes.addressof(out), b, 4096))
+            values.append(sorted(set(out)))
+            ok(cu.cuMemFree(b))
+        return {"counts": counts, "values": values}
+
+    def cmd_mc(self, name):
+        b = self.bufs[name]
+        prop = cu.CUmulticastObjectProp()
+        prop.numDevices = 1
+        prop.size = b["size"]
+        prop.handleTypes = FD_TYPE
+        mc = ok(cu.cuMulticastCreate(prop))
+        ok(cu.cuMulticastAddDevice(mc, ok(cu.cuDeviceGet(0))))
+        ok(cu.cuMulticastBindMem(mc, 0, b["handle"], 0, b["size"], 0))
+        b["mc"] = mc
+        return {"handle": int(mc)}
+
+    def cmd_unbind(self, name):
+        b = self.bufs[name]
+        ok(cu.cuMulticastUnbind(b["mc"], ok(cu.cuDeviceGet(0)), 0, b["size"]))
+
+
+def main():
+    w = Workload()
+    print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "exit":
+            break
+        try:
+            res = getattr(w, "cmd_" + words[0])(*words[1:]) or {}
+            res["ok"] = True
+        except CudaError as e:
+            res = {"ok": False, "error": str(e)}
+        except Exception as e:  # a test bug: report it, keep serving
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
