@@ -137,7 +137,8 @@ class Worker:
         ctypes.memmove(handle.getPtr(), bytes.fromhex(hexdata), 64)
         flags = cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
         va = ok(cu.cuIpcOpenMemHandle(handle, flags))
-        self.bufs[name] = {"va": int(va), "size": 0}
+        _, size = ok(cu.cuMemGetAddressRange(va))
+        self.bufs[name] = {"va": int(va), "size": size}
         return hex(int(va))
 
     def cmd_ipc_close(self, name):
