@@ -55,8 +55,10 @@ class Store:
         self._create = create
 
     @classmethod
-    def open(cls, path, create=False, cache=None):
+    def open(cls, path, create=False, cache=None, direct_io=True):
         """Open the store at `path`; with create=True make it (and its parents) when missing.
+
+        direct_io=False never tries O_DIRECT (it is tried by default, with a buffered fallback).
 
         Refuses a store directory that is not ours or root's, or that group or others may write;
         refuses a store of a newer format version.
@@ -72,6 +74,7 @@ class Store:
             fsutil.check_trusted(root_fd, path)
             _check_or_write_store_file(root_fd, path, create)
             store = cls(path, root_fd, create, cache)
+            store.chunks.direct_refused = not direct_io
             fsutil.check_trusted(store.chunks.fd, store.chunks.path)
             return store
         except BaseException:
