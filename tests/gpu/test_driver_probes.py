@@ -76,7 +76,7 @@ def test_exported_fd_stays_open_on_nvidia_device_after_checkpoint(probes):
     pid = seen["exporter"]["pid"]
     back = probes.checkpoint(f"restore:{pid}", f"unlock:{pid}")
     record("exporter_fd", before=seen["target_before"], after=seen["target_after"],
-           nvidia_fds_after=len(nvidia_fds(pid)), restore=back.call(0)["result"])
+           nvidia_fds_after=len(seen["nvidia_fds_after"]), restore=back.call(0)["result"])
     assert all_succeeded(seen["run"]), seen["run"]
     assert seen["target_after"] is not None, "the exported fd was closed by the checkpoint"
     assert seen["target_after"].startswith("/dev/nvidia"), seen

@@ -6,7 +6,7 @@ test and the GPU test check the very same facts.
 """
 from __future__ import annotations
 
-from probe_harness import CheckpointRun, ProbeSession, fd_target, parse_probe_lines
+from probe_harness import CheckpointRun, ProbeSession, fd_target, nvidia_fds, parse_probe_lines
 
 SUCCESS = "CUDA_SUCCESS"
 CHECKPOINTED = "CU_PROCESS_STATE_CHECKPOINTED"
@@ -50,13 +50,14 @@ def released_importer_cycle(session: ProbeSession, mib):
 
 def exporter_checkpoint(session: ProbeSession, mib):
     """cuMem-fd exporter keeping its exported fd; lock + checkpoint it (left CHECKPOINTED: the
-    caller restores it). Returns dict(exporter, target_before, run, target_after)."""
+    caller restores it). Returns dict(exporter, target_before, run, target_after,
+    nvidia_fds_after: the /dev/nvidia* fds still open after the checkpoint)."""
     exporter = session.start_exporter("fd", mib)
     pid, fd = exporter["pid"], exporter["fd"]
     before = fd_target(pid, fd)
     run = session.checkpoint(f"lock:{pid}", f"checkpoint:{pid}")
     return {"exporter": exporter, "target_before": before, "run": run,
-            "target_after": fd_target(pid, fd)}
+            "target_after": fd_target(pid, fd), "nvidia_fds_after": nvidia_fds(pid)}
 
 
 def driver_cycle(session: ProbeSession, holders, lock_timeout_ms=10000):
