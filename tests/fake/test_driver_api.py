@@ -408,3 +408,27 @@ def test_threads_allocate_copy_and_free_concurrently(fake_env):
         [t.start() for t in threads]; [t.join() for t in threads]
         assert not errors, errors
     """)
+
+
+def test_a_child_forked_after_cuinit_cannot_use_cuda(fake_env):
+    run(fake_env, """
+        ctx()
+        pid = os.fork()
+        if pid == 0:
+            os._exit(0 if err(cu.cuMemAlloc(4096)) == R.CUDA_ERROR_NOT_INITIALIZED else 1)
+        assert os.waitpid(pid, 0)[1] == 0
+        ok(cu.cuMemAlloc(4096))  # the parent is unaffected
+    """)
+
+
+def test_usage_files_show_each_process_device_memory(workers, fake_env):
+    from fakecuda.usage import read_usage
+    a, b = workers(), workers(device=1)
+    a.ok("alloc x 0x400000")
+    b.ok("vmm y 0x200000 1")
+    usage = read_usage(fake_env["FAKECUDA_STATE"])
+    assert usage[a.pid] == {0: 4 << 20, 1: 0}
+    assert usage[b.pid] == {0: 0, 1: 2 << 20}
+    a.ok("exit")
+    a.proc.wait(10)
+    assert a.pid not in read_usage(fake_env["FAKECUDA_STATE"])

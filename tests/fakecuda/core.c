@@ -111,7 +111,7 @@ static __thread int fk_in_api; /* nested public calls (one entry point calling a
 
 CUresult fk_enter(const char *name, int gate)
 {
-    if (!fk.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!fk.initialized || fk.forked) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = fk_fail_point(name);
     if (r != CUDA_SUCCESS || !gate) return r;
     pthread_mutex_lock(&fk.gate_mu);
@@ -187,24 +187,44 @@ static void fk_configure(void)
 
 static CUresult fk_arena_init(void);
 
+/* A child forked after cuInit cannot use CUDA, as with the real driver: its stream workers and
+ * restore thread do not exist in it. */
+static void fk_after_fork_in_child(void)
+{
+    if (fk.initialized) fk.forked = 1;
+}
+
+/* The usage file of an exiting process is removed (the reader also skips dead pids). */
+__attribute__((destructor)) static void fk_at_exit(void)
+{
+    if (fk.initialized && !fk.forked && fk.init_pid == getpid() && fk.state_dir[0]) {
+        char path[700];
+        snprintf(path, sizeof path, "%s/usage/%d", fk.state_dir, (int)getpid());
+        unlink(path);
+    }
+}
+
 FK_EXPORT CUresult cuInit(unsigned int flags)
 {
     CUresult r = fk_fail_point("cuInit");
     if (r != CUDA_SUCCESS) return r;
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
     fk_lock();
-    if (fk.initialized && fk.init_pid == getpid()) {
+    if (fk.forked) {
+        fk_unlock();
+        return CUDA_ERROR_NOT_INITIALIZED;
+    }
+    if (fk.initialized) {
         fk_unlock();
         return CUDA_SUCCESS;
     }
-    if (!fk.initialized) {
-        fk_configure();
-        r = fk_arena_init();
-        if (r != CUDA_SUCCESS) {
-            fk_unlock();
-            return r;
-        }
+    fk_configure();
+    r = fk_arena_init();
+    if (r != CUDA_SUCCESS) {
+        fk_unlock();
+        return r;
     }
+    pthread_atfork(NULL, NULL, fk_after_fork_in_child);
     fk.init_pid = getpid();
     fk.initialized = 1;
     fk_unlock();

@@ -154,6 +154,7 @@ enum fk_cstate { FK_RUNNING = 0, FK_LOCKED = 1, FK_CHECKPOINTED = 2, FK_FAILED =
 struct fk_global {
     pthread_mutex_t mu;         /* all object state */
     int initialized;
+    int forked;                 /* this is a child forked after cuInit: CUDA is unusable here */
     pid_t init_pid;
     int ndev;
     struct fk_device dev[FK_MAX_DEVICES];
