@@ -74,22 +74,29 @@ def store(ctx, store_path, cache, cache_limit):
 @json_option
 @click.pass_context
 def ls(ctx, as_json):
-    """List the checkpoints (refs) in the store."""
+    """List the checkpoints (refs) in the store; an unreadable one is listed with its error."""
+    rows, broken = [], []
     with open_store(ctx) as st:
-        rows = []
         for name in st.list_refs():
-            ref = st.read_ref(name)
-            m = st.read_manifest(ref.manifest)
+            try:
+                ref = st.read_ref(name)
+                m = st.read_manifest(ref.manifest)
+            except StoreError as e:
+                broken.append({"name": name, "error": str(e.args[0])})
+                continue
             allocs = [a for p in m.processes for a in p.allocations]
-            stored = {cid: n for cid, n in m.chunk_ids()}
+            stored = {cid: n for cid, n in m.chunk_ids()}  # each distinct chunk once
             rows.append({"name": name, "created": ref.created, "manifest": ref.manifest,
                          "processes": len(m.processes), "allocations": len(allocs),
                          "bytes": sum(a.size for a in allocs),
                          "stored_bytes": sum(stored.values()), "meta": ref.meta})
-    emit(as_json, {"store": st.path, "checkpoints": rows},
-         table([[r["name"], r["created"], r["processes"], r["allocations"], human(r["bytes"]),
-                 human(r["stored_bytes"])] for r in rows],
-               ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED"]))
+    text = table([[r["name"], r["created"], r["processes"], r["allocations"], human(r["bytes"]),
+                   human(r["stored_bytes"])] for r in rows],
+                 ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED"])
+    text += "".join(f"\n{b['name']}: unreadable: {b['error']}" for b in broken)
+    emit(as_json, {"store": st.path, "checkpoints": rows, "unreadable": broken}, text)
+    if broken:
+        raise StoreError(f"{st.path}: {len(broken)} checkpoint(s) unreadable")
 
 
 @store.command()

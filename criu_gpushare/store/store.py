@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from ..errors import StoreError
 from . import catalog, fsutil
 from .chunkdir import ChunkDir, ChunkMissing
-from .layout import (CHUNK_SIZE_MAX, HASH_NAME, LEASES_DIR, MANIFESTS_DIR, REFS_DIR, STORE_FILE,
-                     STORE_FORMAT, STORE_VERSION, chunk_id, is_chunk_id, zero_chunk_id)
+from .layout import (CHUNK_SIZE_MAX, HASH_NAME, STORE_FILE, STORE_FORMAT, STORE_VERSION, chunk_id,
+                     is_chunk_id, zero_chunk_id)
 
 
 class PutStatus(enum.Enum):
@@ -200,10 +200,6 @@ class Store:
         """A WriteSession: holds a lease so that gc keeps every chunk it puts until it commits."""
         from .leases import WriteSession
         return WriteSession(self, purpose)
-
-    def require_writable_dirs(self):
-        for name in (MANIFESTS_DIR, REFS_DIR, LEASES_DIR):
-            self.dir_fd(name, create=True)
 
 
 def _byte_view(data):

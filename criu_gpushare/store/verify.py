@@ -43,7 +43,8 @@ def verify_store(store, refs=None, all_chunks=False, threads=4):
     walked = walk_refs(store, refs)
     report = VerifyReport(refs=len(walked.refs))
     for name, err in walked.problems:
-        report.problems.append(Problem("ref", str(err).split(": ")[0], str(err), refs=[name]))
+        path, _, detail = str(err.args[0]).partition(": ")
+        report.problems.append(Problem("ref", path, detail, refs=[name]))
     todo = {cid: (length, users) for cid, (length, users) in walked.chunks.items()}
     if all_chunks:
         for f in store.chunks.scan():

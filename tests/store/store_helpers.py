@@ -2,7 +2,7 @@
 import os
 import random
 
-from criu_gpushare.store import Allocation, Manifest, ProcessEntry, Store
+from criu_gpushare.store import Allocation, Manifest, ProcessEntry
 
 
 def chunk_bytes(seed, size=4096):

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from criu_gpushare.errors import StoreError
-from criu_gpushare.store import NodeCache, Source, Store, prefetch
+from criu_gpushare.store import NodeCache, Source, prefetch
 
 from store_helpers import age, chunk_bytes, chunk_path, commit_checkpoint
 

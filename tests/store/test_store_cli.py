@@ -117,3 +117,12 @@ def test_environment_variable_chooses_the_store(two_checkpoints, monkeypatch, tm
     monkeypatch.setenv("CRIU_GPUSHARE_STORE", two_checkpoints.path)
     r = CliRunner().invoke(main, ["store", "ls", "--json"])
     assert [c["name"] for c in json.loads(r.output)["checkpoints"]] == ["ck-1", "ck-2"]
+
+
+def test_ls_lists_an_unreadable_checkpoint_with_its_error(run, two_checkpoints):
+    mid = two_checkpoints.read_ref("ck-2").manifest
+    os.unlink(os.path.join(two_checkpoints.path, "manifests", mid + ".json"))
+    r = run("ls")
+    assert r.exit_code == StoreError.exit_code
+    assert "ck-1" in r.output and f"ck-2: unreadable: {two_checkpoints.path}/manifests/{mid}.json"\
+        in r.output

@@ -168,9 +168,14 @@ def test_fanout_dirs_and_foreign_entries_are_left_alone(store, tmp_path):
     target.write_bytes(b"keep me")
     link = os.path.join(fan, "ab" * 16 if cid[:2] == "ab" else cid[:2] + "0" * 30)
     os.symlink(target, link)
+    foreign = [os.path.join(fan, "notes.txt"), os.path.join(store.path, "manifests", "x.txt")]
+    os.makedirs(os.path.dirname(foreign[1]), exist_ok=True)
+    for p in foreign:
+        open(p, "w").close()
+        age(p, 7200)
     report = collect_garbage(store, grace_s=0)
     assert report.ignored == [link] and os.path.islink(link) and target.read_bytes() == b"keep me"
-    assert os.path.isdir(fan)
+    assert os.path.isdir(fan) and all(os.path.exists(p) for p in foreign)
 
 
 def test_a_read_only_open_of_an_empty_new_store_has_nothing_to_collect(store_dir):

@@ -5,7 +5,6 @@ Writer processes dump checkpoints whose chunks mostly deduplicate against old, u
 zero grace period in a loop. At the end every remaining checkpoint must verify completely.
 """
 import os
-import random
 import subprocess
 import sys
 

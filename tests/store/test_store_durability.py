@@ -1,0 +1,122 @@
+"""Write ordering and what a failed write leaves behind (FORMAT.md sections 1, 3, 4 and 7)."""
+import errno
+import fcntl
+import json
+import os
+import stat
+
+import pytest
+
+from criu_gpushare.errors import StoreError
+from criu_gpushare.store import Store, fsutil, layout
+
+from store_helpers import chunk_bytes, chunk_path, commit_checkpoint
+
+
+def test_chunk_data_is_synced_before_it_gets_its_name(store, monkeypatch):
+    events = []
+    real_sync, real_rename = os.fdatasync, os.rename
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append("fdatasync"), real_sync(fd)))
+    monkeypatch.setattr(os, "rename", lambda *a, **k: (events.append("rename"),
+                                                       real_rename(*a, **k)))
+    store.put(chunk_bytes(1))
+    assert events == ["fdatasync", "rename"]
+
+
+def test_an_io_error_mid_chunk_removes_the_temp_file_and_names_the_chunk(store, monkeypatch):
+    def failing_write(fd, data):
+        raise OSError(errno.EIO, "Input/output error")
+    monkeypatch.setattr(fsutil.os, "write", failing_write)
+    data = chunk_bytes(2)
+    path = chunk_path(store, layout.chunk_id(data))
+    with pytest.raises(StoreError, match=f"{path}: write failed: Input/output error"):
+        store.put(data)
+    assert os.listdir(os.path.dirname(path)) == []
+
+
+def test_an_interrupt_mid_chunk_removes_the_temp_file(store, monkeypatch):
+    def interrupted(fd, data):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(fsutil.os, "write", interrupted)
+    data = chunk_bytes(3)
+    with pytest.raises(KeyboardInterrupt):
+        store.put(data)
+    assert os.listdir(os.path.dirname(chunk_path(store, layout.chunk_id(data)))) == []
+
+
+def test_nothing_in_a_store_is_writable_by_group_or_others_even_under_umask_0(store_dir):
+    old = os.umask(0)
+    try:
+        with Store.open(store_dir, create=True) as st:
+            commit_checkpoint(st, "ck", [chunk_bytes(4)])
+    finally:
+        os.umask(old)
+    for root, dirs, files in os.walk(store_dir):
+        for name in [root] + [os.path.join(root, f) for f in files]:
+            mode = stat.S_IMODE(os.lstat(name).st_mode)
+            assert mode & 0o022 == 0, f"{name} has mode {mode:04o}"
+
+
+def test_store_json_names_format_version_and_hash(store):
+    with open(os.path.join(store.path, "store.json")) as f:
+        assert json.load(f) == {"format": "criu-gpushare-store", "version": 1,
+                                "hash": "xxh3-128", "chunk_size_max": 64 << 20}
+
+
+def test_a_store_hashed_otherwise_is_refused(store_dir):
+    Store.open(store_dir, create=True).close()
+    path = os.path.join(store_dir, "store.json")
+    with open(path) as f:
+        doc = json.load(f)
+    doc["hash"] = "sha256"
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    with pytest.raises(StoreError, match=f"{path}: chunks hashed with 'sha256'"):
+        Store.open(store_dir)
+
+
+def test_a_lease_is_locked_before_it_has_its_name(store, monkeypatch):
+    seen = []
+    real_rename = os.rename
+
+    def check_locked(src, dst, **kw):
+        if dst.endswith(".lease"):
+            fd = os.open(src, os.O_RDONLY, dir_fd=kw["src_dir_fd"])
+            try:
+                with pytest.raises(BlockingIOError):
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append(dst)
+            finally:
+                os.close(fd)
+        return real_rename(src, dst, **kw)
+
+    monkeypatch.setattr(os, "rename", check_locked)
+    with store.begin_write("x") as session:
+        assert seen == [session.name]
+        with open(os.path.join(store.path, "leases", session.name)) as f:
+            info = json.load(f)
+        assert info["pid"] == os.getpid() and info["started_ns"] == session.started_ns
+    assert os.listdir(os.path.join(store.path, "leases")) == []  # removed at the end
+
+
+def test_a_symlinked_ref_or_manifest_is_refused(store, tmp_path):
+    commit_checkpoint(store, "real", [chunk_bytes(5)])
+    fake = tmp_path / "fake-ref"
+    fake.write_text(open(os.path.join(store.path, "refs", "real")).read())
+    os.symlink(fake, os.path.join(store.path, "refs", "planted"))
+    with pytest.raises(StoreError, match="refs/planted: is a symlink"):
+        store.read_ref("planted")
+    mid = store.read_ref("real").manifest
+    mpath = os.path.join(store.path, "manifests", mid + ".json")
+    os.rename(mpath, tmp_path / "m.json")
+    os.symlink(tmp_path / "m.json", mpath)
+    with pytest.raises(StoreError, match=f"{mpath}: is a symlink"):
+        store.read_manifest(mid)
+
+
+def test_a_chunk_file_longer_than_expected_is_refused(store):
+    cid = store.put(chunk_bytes(6)).chunk_id
+    with open(chunk_path(store, cid), "ab") as f:
+        f.write(b"extra")
+    with pytest.raises(StoreError, match="4101 bytes, expected 4096"):
+        store.get(cid, bytearray(4096))
