@@ -113,11 +113,13 @@ class ChunkDir:
             raise StoreError(f"{self.chunk_path(cid)}: cannot update its time: "
                              f"{fsutil.describe(e)}") from e
 
-    def write(self, cid, view, free_space_path):
-        """Write `view` as chunk `cid`: temp file, data, fdatasync, rename. Replaces any file there.
+    def write(self, cid, view, free_space_path, replace=False):
+        """Write `view` as chunk `cid`: temp file, data, fdatasync, then publish under its name.
 
-        On any failure the temp file is removed; a full disk becomes a StoreError that names the
-        store and the bytes needed.
+        Publishing links the temp file to the name, so a chunk another writer published meanwhile
+        is kept (returns False: not written by us); with replace=True (a damaged file is there) it
+        renames over it. On any failure the temp file is removed; a full disk becomes a
+        StoreError that names the store and the bytes needed.
         """
         name = fanout(cid)
         dfd = self.fanout_fd(name, create=True)
@@ -138,7 +140,7 @@ class ChunkDir:
                 os.fdatasync(fd)
             finally:
                 os.close(fd)
-            os.rename(tmp, cid, src_dir_fd=dfd, dst_dir_fd=dfd)
+            published = self._publish(tmp, cid, dfd, replace)
         except OSError as e:
             fsutil.unlink_quiet(tmp, dfd)
             if e.errno in (errno.ENOSPC, errno.EDQUOT):
@@ -150,6 +152,26 @@ class ChunkDir:
         except BaseException:
             fsutil.unlink_quiet(tmp, dfd)  # killed by an exception: never leave a temp behind
             raise
+        return published
+
+    @staticmethod
+    def _publish(tmp, cid, dfd, replace):
+        """Give the synced temp file its final name; False when another writer got there first."""
+        if not replace:
+            try:
+                os.link(tmp, cid, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+            except FileExistsError:
+                fsutil.unlink_quiet(tmp, dfd)
+                return False
+            except OSError as e:
+                if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                    raise
+                # A file system without hard links: rename (replacing equal bytes is harmless).
+            else:
+                fsutil.unlink_quiet(tmp, dfd)
+                return True
+        os.rename(tmp, cid, src_dir_fd=dfd, dst_dir_fd=dfd)
+        return True
 
     def read(self, cid, view):
         """Read chunk `cid` into `view`, which must be exactly the chunk's length.

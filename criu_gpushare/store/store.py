@@ -11,6 +11,7 @@ the same store):
 
 and a restore: `store.get(chunk_id, pinned_view, verify=...)` for each chunk of its manifest.
 """
+import contextlib
 import enum
 import json
 import os
@@ -52,6 +53,7 @@ class Store:
         self.chunks = ChunkDir(root_fd, path, create)
         self._dir_fds = {}
         self._lock = threading.Lock()
+        self._in_flight = {}  # chunk id -> Event set when its put ends
         self._create = create
 
     @classmethod
@@ -131,12 +133,32 @@ class Store:
         cid = chunk_id(view)
         if cid == zero_chunk_id(n):
             return PutResult(None, n, PutStatus.ZERO)
-        st = self.chunks.stat(cid)
-        # A present file of the wrong size is damaged (e.g. truncated by hand): replace it.
-        if st is not None and st.st_size == n and self.chunks.touch(cid):
-            return PutResult(cid, n, PutStatus.PRESENT)
-        self.chunks.write(cid, view, self.path)
-        return PutResult(cid, n, PutStatus.NEW)
+        with self._writing(cid):
+            st = self.chunks.stat(cid)
+            if st is not None and st.st_size == n and self.chunks.touch(cid):
+                return PutResult(cid, n, PutStatus.PRESENT)
+            # A present file of the wrong size is damaged (e.g. truncated by hand): replace it.
+            damaged = st is not None and st.st_size != n
+            if self.chunks.write(cid, view, self.path, replace=damaged):
+                return PutResult(cid, n, PutStatus.NEW)
+            return PutResult(cid, n, PutStatus.PRESENT)  # another process wrote it meanwhile
+
+    @contextlib.contextmanager
+    def _writing(self, cid):
+        """One put per chunk id at a time in this process: the copy engine's threads often meet
+        the same chunk (e.g. repeated weights) at once; the second one then finds it present."""
+        while True:
+            with self._lock:
+                busy = self._in_flight.get(cid)
+                if busy is None:
+                    self._in_flight[cid] = threading.Event()
+                    break
+            busy.wait()
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight.pop(cid).set()
 
     def get(self, cid, buf, verify=False):
         """Read chunk `cid` into the writable buffer `buf` (exactly the chunk's length).

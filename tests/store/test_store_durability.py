@@ -15,12 +15,47 @@ from store_helpers import chunk_bytes, chunk_path, commit_checkpoint
 
 def test_chunk_data_is_synced_before_it_gets_its_name(store, monkeypatch):
     events = []
-    real_sync, real_rename = os.fdatasync, os.rename
-    monkeypatch.setattr(os, "fdatasync", lambda fd: (events.append("fdatasync"), real_sync(fd)))
-    monkeypatch.setattr(os, "rename", lambda *a, **k: (events.append("rename"),
-                                                       real_rename(*a, **k)))
+    for name in ("fdatasync", "link", "rename"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _n=name, _r=real, **k: (events.append(_n),
+                                                                         _r(*a, **k))[1])
     store.put(chunk_bytes(1))
-    assert events == ["fdatasync", "rename"]
+    assert events == ["fdatasync", "link"]
+
+
+def test_a_chunk_published_by_another_writer_meanwhile_is_kept(store, monkeypatch):
+    data = chunk_bytes(7)
+    path = chunk_path(store, layout.chunk_id(data))
+    real_sync = os.fdatasync
+
+    def other_writer_wins(fd):
+        real_sync(fd)
+        with open(path, "wb") as f:  # another process published the same chunk first
+            f.write(data)
+    monkeypatch.setattr(os, "fdatasync", other_writer_wins)
+    result = store.put(data)
+    assert result.status.value == "present"
+    inode = os.stat(path).st_ino
+    assert os.listdir(os.path.dirname(path)) == [os.path.basename(path)]
+    monkeypatch.undo()
+    assert store.put(data).status.value == "present" and os.stat(path).st_ino == inode
+
+
+def test_one_chunk_put_by_many_threads_at_once_is_written_once(store):
+    import threading
+    data = chunk_bytes(8, 1 << 20)
+    barrier = threading.Barrier(8)
+    results = []
+
+    def put():
+        barrier.wait()
+        results.append(store.put(data).status.value)
+    threads = [threading.Thread(target=put) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["new"] + ["present"] * 7
 
 
 def test_an_io_error_mid_chunk_removes_the_temp_file_and_names_the_chunk(store, monkeypatch):
