@@ -48,6 +48,13 @@ class CheckpointRun:
             elif fields["probe"] == "ckpt_step":
                 self.step_secs[int(fields["step"])] = float(fields["secs"])
 
+    def complete(self):
+        """Every step made its call on every one of its pids (nothing lost or cut short)."""
+        expected = {(index, int(pid)) for index, step in enumerate(self.steps)
+                    for pid in step.partition(":")[2].split(",")}
+        return {(int(c["step"]), int(c["pid"])) for c in self.calls} == expected and \
+            len(self.calls) == len(expected)
+
     def call(self, step):
         """The one call of step `step` (a single-pid step)."""
         matching = [c for c in self.calls if int(c["step"]) == step]

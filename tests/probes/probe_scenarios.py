@@ -71,7 +71,8 @@ def driver_cycle(session: ProbeSession, holders, lock_timeout_ms=10000):
 
 
 def all_succeeded(run: CheckpointRun):
-    return run.returncode == 0 and run.calls and all(c["result"] == SUCCESS for c in run.calls)
+    return (run.returncode == 0 and run.complete()
+            and all(c["result"] == SUCCESS for c in run.calls))
 
 
 def rates(run: CheckpointRun, total_bytes):

@@ -14,6 +14,7 @@ import os
 import socket
 import struct
 import sys
+import threading
 import time
 
 from cuda.bindings import driver as cu
@@ -46,10 +47,18 @@ def result_name(result):
     return err.name
 
 
+_print_lock = threading.Lock()
+
+
 def probe_line(name, **figures):
-    """Print one parseable figure line: PROBE <name> key=value ... (values without spaces)."""
+    """Print one parseable figure line: PROBE <name> key=value ... (values without spaces).
+
+    One write under a lock: print() from several threads can interleave a line with another."""
     parts = [f"{k}={str(v).replace(' ', '_')}" for k, v in figures.items()]
-    print(" ".join(["PROBE", name] + parts), flush=True)
+    line = " ".join(["PROBE", name] + parts) + "\n"
+    with _print_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 # ---------------------------------------------------------------- rendezvous through files
@@ -207,8 +216,6 @@ def fd_target(pid, fd):
 # ---------------------------------------------------------------- fd passing (SCM_RIGHTS)
 def serve_fd_forever(sock_path, fd):
     """Send `fd` to every client of the unix socket `sock_path`, from a daemon thread."""
-    import threading
-
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(sock_path)
     server.listen(8)

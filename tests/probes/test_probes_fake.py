@@ -129,8 +129,8 @@ def test_checkpoint_calls_at_once_from_two_processes_are_detected(probes, fake_e
     finally:
         os.kill(a, signal.SIGCONT)
     first.wait(30)
-    overlapping = CheckpointRun(["lock"], second.returncode, probes.log("second"))
-    alone = CheckpointRun(["lock"], first.returncode, probes.log("first"))
+    overlapping = CheckpointRun([f"lock:{b}"], second.returncode, probes.log("second"))
+    alone = CheckpointRun([f"lock:{a}"], first.returncode, probes.log("first"))
     assert overlapping.call(0)["result"] == "CUDA_ERROR_NOT_PERMITTED", overlapping
     assert "concurrent checkpoint calls from two processes" in overlapping.output
     assert alone.call(0)["result"] == SUCCESS, "the first caller must not be disturbed"
