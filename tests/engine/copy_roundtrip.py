@@ -1,0 +1,69 @@
+"""Run by test_copy_engine.py in a process that loads the CUDA driver (fake or real).
+
+    copy_roundtrip.py STORE MIB [--ring N --chunk-mib M]
+
+Allocates MIB MiB of exportable cuMem memory, fills it with a pattern that has an all-zero part and
+a repeated part, exports it as a POSIX fd, imports that fd as the tool would (ImportedAllocation),
+saves it with the CopyEngine, clears the memory, loads it back, and compares. Prints one JSON line.
+"""
+import argparse
+import ctypes
+import json
+import sys
+
+from criu_gpushare import driver as drv
+from criu_gpushare.copy_engine import CopyEngine
+from criu_gpushare.gpu_memory import ImportedAllocation, use_device
+from criu_gpushare.store.store import Store
+
+
+def exportable_allocation(size, device=0):
+    cu = drv.driver()
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device
+    prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+    handle = drv.check(cu.cuMemCreate(size, prop, 0), "cuMemCreate")
+    fd = drv.check(cu.cuMemExportToShareableHandle(
+        handle, cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), "export")
+    return handle, fd
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("store")
+    ap.add_argument("mib", type=int)
+    ap.add_argument("--ring", type=int, default=4)
+    ap.add_argument("--chunk-mib", type=int, default=1)
+    args = ap.parse_args()
+    cu = drv.driver()
+    use_device(0)
+    size, chunk = args.mib << 20, args.chunk_mib << 20
+    _, fd = exportable_allocation(size)
+    with ImportedAllocation(fd, size, 0) as mem, Store.open(args.store, create=True) as store:
+        # Layout: first quarter zero, second quarter a constant (dedups within itself), rest distinct.
+        q = size // 4
+        drv.check(cu.cuMemsetD8(mem.ptr, 0, q), "memset")
+        drv.check(cu.cuMemsetD32(int(mem.ptr) + q, 0x5A5A5A5A, q // 4), "memset")
+        words = (ctypes.c_uint32 * ((size - 2 * q) // 4))(*range((size - 2 * q) // 4))
+        drv.check(cu.cuMemcpyHtoD(int(mem.ptr) + 2 * q, words, len(words) * 4), "fill")
+        before = (ctypes.c_char * size)()
+        drv.check(cu.cuMemcpyDtoH(before, mem.ptr, size), "read back")
+        with CopyEngine(store, ring_slots=args.ring, chunk_size=chunk, workers=3) as engine:
+            alloc, saved = engine.save("alloc0", mem.ptr, size, 0)
+            _, again = engine.save("alloc0", mem.ptr, size, 0)
+            drv.check(cu.cuMemsetD8(mem.ptr, 0xEE, size), "clobber")
+            loaded = engine.load(alloc, mem.ptr, 0)
+        after = (ctypes.c_char * size)()
+        drv.check(cu.cuMemcpyDtoH(after, mem.ptr, size), "read back")
+    json.dump({"same": bytes(before) == bytes(after), "chunks": len(alloc.chunks),
+               "zero_chunks": sum(c.is_zero for c in alloc.chunks),
+               "first": {"copied": saved.copied, "written": saved.written,
+                         "dedup": saved.deduplicated, "zero": saved.zero},
+               "second": {"written": again.written, "dedup": again.deduplicated, "zero": again.zero},
+               "loaded": loaded.copied}, sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
