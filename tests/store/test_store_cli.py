@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from criu_gpushare.cli import main
 from criu_gpushare.errors import ConfigError, StoreError
 
-from store_helpers import age, chunk_bytes, chunk_path, commit_checkpoint
+from store_helpers import age, age_store, chunk_bytes, chunk_path, commit_checkpoint
 
 
 @pytest.fixture
@@ -88,6 +88,7 @@ def test_gc_and_rm(run, two_checkpoints):
     assert r.exit_code == 0 and r.output.startswith("would remove 1 chunk(s)")
     assert store.has_chunk(cid)
     assert run("rm", "ck-1").output == "removed ck-1\n"
+    age_store(store.path)
     doc = json.loads(run("gc", "--grace", "0", "--json").output)
     assert (doc["chunks_removed"], doc["manifests_removed"], doc["refs"]) == (2, 1, 1)
     assert run("rm", "ck-1").exit_code == StoreError.exit_code

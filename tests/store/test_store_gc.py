@@ -7,7 +7,7 @@ import pytest
 from criu_gpushare.errors import BusyError, StoreError
 from criu_gpushare.store import Store, collect_garbage
 
-from store_helpers import age, chunk_bytes, chunk_path, commit_checkpoint
+from store_helpers import age, age_store, chunk_bytes, chunk_path, commit_checkpoint
 
 HOUR = 3600
 
@@ -39,6 +39,7 @@ def test_removing_a_ref_frees_its_chunks_and_manifest(store):
     results = commit_checkpoint(store, "gone", [chunk_bytes(5)])
     shared = commit_checkpoint(store, "other", [chunk_bytes(5), chunk_bytes(6)])
     store.remove_ref("gone")
+    age_store(store.path)
     report = collect_garbage(store, grace_s=0)
     assert report.manifests_removed == 1 and report.chunks_removed == 0  # chunk 5 still shared
     store.remove_ref("other")

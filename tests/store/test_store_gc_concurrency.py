@@ -10,7 +10,7 @@ import sys
 
 from criu_gpushare.store import Store, collect_garbage, verify_store
 
-from store_helpers import age, chunk_bytes, chunk_path
+from store_helpers import age, age_store, chunk_bytes, chunk_path
 
 POOL = 40
 WRITER = """
@@ -63,6 +63,7 @@ def test_gc_concurrent_with_writers_loses_nothing_referenced(store_dir, tmp_path
         report = verify_store(st)
         assert report.problems == [] and report.refs == 6
         # And once the writers are gone, a final gc keeps exactly what the refs reach.
+        age_store(store_dir)
         collect_garbage(st, grace_s=0)
         report = verify_store(st, all_chunks=True)
         assert report.problems == []
