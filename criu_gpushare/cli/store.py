@@ -103,14 +103,15 @@ def ls(ctx, as_json):
 @click.argument("names", nargs=-1)
 @click.option("--all", "all_chunks", is_flag=True,
               help="Also re-hash chunks no checkpoint references.")
+@click.option("--quick", is_flag=True, help="Check presence and sizes only; do not re-hash.")
 @click.option("--threads", default=4, show_default=True, help="Hashing threads.")
 @json_option
 @click.pass_context
-def verify(ctx, names, all_chunks, threads, as_json):
+def verify(ctx, names, all_chunks, quick, threads, as_json):
     """Re-hash the chunks of checkpoints NAMES (default: all); name every bad or missing chunk."""
     t0 = time.monotonic()
     with open_store(ctx) as st:
-        report = verify_store(st, list(names) or None, all_chunks, threads)
+        report = verify_store(st, list(names) or None, all_chunks, threads, quick)
     doc = {"store": st.path, "ok": report.ok, "refs": report.refs,
            "chunks_checked": report.chunks_checked, "bytes_hashed": report.bytes_hashed,
            "problems": [p.as_dict() for p in report.problems]}

@@ -5,6 +5,7 @@ The format is store/FORMAT.md. Entry points:
   store.put(view) -> PutResult / store.get(chunk_id, buf, verify=...) -> Source
   store.begin_write(purpose) -> WriteSession (put under a lease, then commit(ref, manifest))
   Manifest / ProcessEntry / Allocation / ChunkRef        what a checkpoint references
+  check_present(store, manifest)                     a fast pre-restore check (no hashing)
   collect_garbage, verify_store, disk_usage, prefetch  the maintenance commands
 """
 from .cache import NodeCache
@@ -16,11 +17,12 @@ from .leases import WriteSession
 from .manifest import MANIFEST_VERSION, Allocation, ChunkRef, Manifest, ProcessEntry
 from .prefetch import prefetch
 from .store import PutResult, PutStatus, Source, Store
-from .verify import verify_store
+from .verify import check_present, verify_store
 
 __all__ = [
     "Allocation", "CHUNK_SIZE_MAX", "ChunkDamaged", "ChunkMissing", "ChunkRef", "DEFAULT_GRACE_S",
     "MANIFEST_VERSION", "Manifest", "NodeCache", "ProcessEntry", "PutResult", "PutStatus",
-    "STORE_VERSION", "Source", "Store", "WriteSession", "chunk_id", "collect_garbage",
+    "STORE_VERSION", "Source", "Store", "WriteSession", "check_present", "chunk_id",
+    "collect_garbage",
     "disk_usage", "prefetch", "verify_store",
 ]

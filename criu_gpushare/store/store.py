@@ -240,8 +240,10 @@ def _check_or_write_store_file(root_fd, path, create):
         if not create:
             raise StoreError(f"{path}: not a criu-gpushare store (no {STORE_FILE}); "
                              f"it is created by the first dump") from None
-        # Another process creating the store at the same time may have a temp file here.
-        if any(not e.name.startswith(f".{STORE_FILE}.") for e in os.scandir(root_fd)):
+        # Another process creating the store at the same time may have a temp file here; a
+        # freshly made file system mounted here has lost+found.
+        if any(not e.name.startswith(f".{STORE_FILE}.") and e.name != "lost+found"
+               for e in os.scandir(root_fd)):
             raise StoreError(f"{path}: not empty and not a criu-gpushare store (no {STORE_FILE}); "
                              f"refusing to turn it into one")
         doc = {"format": STORE_FORMAT, "version": STORE_VERSION, "hash": HASH_NAME,

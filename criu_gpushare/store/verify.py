@@ -35,10 +35,37 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_store(store, refs=None, all_chunks=False, threads=4):
+def check_present(store, manifest):
+    """Problems that keep a restore of `manifest` from reading every chunk: missing chunks and
+    chunk files of the wrong size or kind. Only stats files (fast: for a pre-restore check)."""
+    problems, seen = [], set()
+    for cid, length in manifest.chunk_ids():
+        if cid not in seen:
+            seen.add(cid)
+            problem = _presence_problem(store, cid, length)
+            if problem is not None:
+                problems.append(problem)
+    return problems
+
+
+def _presence_problem(store, cid, length):
+    path = store.chunks.chunk_path(cid)
+    try:
+        st = store.chunks.stat(cid)
+    except StoreError as e:  # a symlink or other non-file under the chunk's name
+        return Problem("bad-file", path, str(e.args[0]).split(": ", 1)[-1], cid)
+    if st is None:
+        return Problem("missing", path, "chunk missing", cid)
+    if st.st_size != length:
+        return Problem("truncated", path, f"{st.st_size} bytes, expected {length}", cid)
+    return None
+
+
+def verify_store(store, refs=None, all_chunks=False, threads=4, quick=False):
     """Check the chunks the named refs (default: all) reference; with all_chunks, every chunk file.
 
-    Every chunk is read from the store itself (never the cache) and re-hashed.
+    Every chunk is read from the store itself (never the cache) and re-hashed; with quick=True
+    chunks are only checked for presence and size.
     """
     walked = walk_refs(store, refs)
     report = VerifyReport(refs=len(walked.refs))
@@ -59,6 +86,15 @@ def verify_store(store, refs=None, all_chunks=False, threads=4):
 
     buffers = threading.local()
     lock = threading.Lock()
+
+    def check_size(item):
+        cid, (length, users) = item
+        problem = _presence_problem(store, cid, length)
+        with lock:
+            report.chunks_checked += 1
+            if problem is not None:
+                problem.refs = list(users)
+                report.problems.append(problem)
 
     def check(item):
         cid, (length, users) = item
@@ -90,6 +126,6 @@ def verify_store(store, refs=None, all_chunks=False, threads=4):
                 report.problems.append(problem)
 
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
-        list(pool.map(check, todo.items()))
+        list(pool.map(check_size if quick else check, todo.items()))
     report.problems.sort(key=lambda p: (p.kind, p.path))
     return report

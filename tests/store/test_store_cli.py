@@ -127,3 +127,26 @@ def test_ls_lists_an_unreadable_checkpoint_with_its_error(run, two_checkpoints):
     assert r.exit_code == StoreError.exit_code
     assert "ck-1" in r.output and f"ck-2: unreadable: {two_checkpoints.path}/manifests/{mid}.json"\
         in r.output
+
+
+def test_verify_quick_checks_presence_and_size_without_hashing(run, two_checkpoints):
+    store = two_checkpoints
+    ids = [c for c, _ in store.read_manifest(store.read_ref("ck-2").manifest).chunk_ids()]
+    with open(chunk_path(store, ids[0]), "r+b") as f:
+        f.write(b"\x00" * 8)  # corrupt, same size: only a full verify sees it
+    assert run("verify", "--quick").exit_code == 0
+    os.unlink(chunk_path(store, ids[1]))
+    r = run("verify", "--quick", "ck-2")
+    assert r.exit_code == StoreError.exit_code and f"missing    {chunk_path(store, ids[1])}" in r.output
+    assert run("verify").exit_code == StoreError.exit_code
+
+
+def test_check_present_is_the_pre_restore_check(two_checkpoints):
+    from criu_gpushare.store import check_present
+    store = two_checkpoints
+    manifest = store.read_manifest(store.read_ref("ck-1").manifest)
+    assert check_present(store, manifest) == []
+    cid = next(manifest.chunk_ids())[0]
+    os.unlink(chunk_path(store, cid))
+    (problem,) = check_present(store, manifest)
+    assert (problem.kind, problem.path) == ("missing", chunk_path(store, cid))
