@@ -40,19 +40,10 @@ def emit(as_json, doc, text):
 
 
 def open_store(ctx, with_cache=False):
-    settings = ctx.obj
-    cache = None
-    if with_cache:
-        if settings.cache is None:
-            raise ConfigError("no node cache configured: pass --cache DIR, set "
-                              "CRIU_GPUSHARE_CACHE or [cache] path in the config file")
-        cache = NodeCache.open(settings.cache, settings.cache_limit)
-    try:
-        return Store.open(settings.store, cache=cache)
-    except BaseException:
-        if cache is not None:
-            cache.close()
-        raise
+    if with_cache and ctx.obj.cache is None:
+        raise ConfigError("no node cache configured: pass --cache DIR, set "
+                          "CRIU_GPUSHARE_CACHE or [cache] path in the config file")
+    return Store.from_settings(ctx.obj, use_cache=with_cache)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
@@ -66,7 +57,12 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON i
               help="Node cache size limit, e.g. 200G [env CRIU_GPUSHARE_CACHE_LIMIT].")
 @click.pass_context
 def store(ctx, store_path, cache, cache_limit):
-    """Inspect and maintain the chunk store that holds checkpointed GPU memory."""
+    """Inspect and maintain the chunk store that holds checkpointed GPU memory.
+
+    The store and cache come from these flags, else the CRIU_GPUSHARE_* environment variables,
+    else the config file ($CRIU_GPUSHARE_CONFIG or /etc/criu-gpushare/config.toml), else the
+    default. The format is store/FORMAT.md.
+    """
     ctx.obj = load_settings({"store": store_path, "cache": cache, "cache_limit": cache_limit})
 
 

@@ -83,6 +83,21 @@ class Store:
             os.close(root_fd)
             raise
 
+    @classmethod
+    def from_settings(cls, settings, create=False, use_cache=False):
+        """Open the store a criu_gpushare.config.Settings names; with use_cache, and a cache
+        configured, reads go through the node cache (restores); dumps leave the cache alone."""
+        from .cache import NodeCache
+        cache = None
+        if use_cache and settings.cache is not None:
+            cache = NodeCache.open(settings.cache, settings.cache_limit)
+        try:
+            return cls.open(settings.store, create=create, cache=cache)
+        except BaseException:
+            if cache is not None:
+                cache.close()
+            raise
+
     def close(self):
         self.chunks.close()
         for fd in self._dir_fds.values():

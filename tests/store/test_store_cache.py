@@ -98,3 +98,16 @@ def test_cache_dir_ownership_rules_apply(tmp_path):
     os.chmod(d, 0o777)
     with pytest.raises(StoreError, match=f"{d}: writable by group or others"):
         NodeCache.open(str(d))
+
+
+def test_a_store_opened_from_settings_reads_through_the_configured_cache(store, tmp_path):
+    from criu_gpushare.config import load_settings
+    from criu_gpushare.store import Store
+    cid = commit_checkpoint(store, "ck", [chunk_bytes(30)])[0].chunk_id
+    settings = load_settings({"store": store.path, "cache": str(tmp_path / "c")},
+                             environ={"CRIU_GPUSHARE_CONFIG": os.devnull})
+    with Store.from_settings(settings, use_cache=True) as st:
+        prefetch(st, st.cache)
+        assert st.get(cid, bytearray(4096), verify=True) is Source.CACHE
+    with Store.from_settings(settings) as st:  # a dump: no cache
+        assert st.cache is None and st.get(cid, bytearray(4096)) is Source.STORE
