@@ -75,6 +75,7 @@ class ChunkDir:
         fd = fsutil.open_dir(path, name, dir_fd=self.fd, create=create, missing_ok=True)
         if fd is None:
             return None
+        fsutil.check_trusted(fd, path, close_on_error=True)
         with self._lock:
             if name in self._fanout_fds:  # another thread opened it meanwhile
                 os.close(fd)

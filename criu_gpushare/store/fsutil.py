@@ -59,12 +59,21 @@ def open_dir(path, name=None, dir_fd=None, create=False, mode=0o755, missing_ok=
             raise StoreError(f"{path}: {describe(e)}") from e
 
 
-def check_trusted(fd, path):
+def check_trusted(fd, path, close_on_error=False):
     """Refuse a directory that someone other than us (or root) could write into.
 
     The chunk hash is not cryptographic and a restore trusts chunk names: whoever can write to the
     store can make a restore load bytes of their choosing.
     """
+    try:
+        _check_trusted(fd, path)
+    except StoreError:
+        if close_on_error:
+            os.close(fd)
+        raise
+
+
+def _check_trusted(fd, path):
     st = os.fstat(fd)
     me = os.geteuid()
     if st.st_uid not in (0, me):

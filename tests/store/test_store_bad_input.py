@@ -207,3 +207,17 @@ def test_writer_killed_mid_chunk_leaves_no_chunk_under_its_final_name(store_dir,
         age(temp, 120)
         assert collect_garbage(st, grace_s=60).temps_removed == 1
     assert [f for _, _, fs in os.walk(os.path.join(store_dir, "chunks")) for f in fs] == []
+
+
+@pytest.mark.parametrize("sub", ["refs", "manifests", "chunks/ab"])
+def test_a_writable_by_others_directory_inside_the_store_is_refused(store, sub):
+    path = os.path.join(store.path, sub)
+    os.makedirs(path, exist_ok=True)
+    os.chmod(path, 0o777)
+    with pytest.raises(StoreError, match=f"{path}: writable by group or others"):
+        if sub == "refs":
+            store.list_refs()
+        elif sub == "manifests":
+            store.read_manifest("ab" * 16)
+        else:
+            store.get("ab" * 16, bytearray(1))
