@@ -130,10 +130,12 @@ class ChunkDir:
             fd, tmp = fsutil.create_temp(dfd, dir_path, cid, fsutil.O_DIRECT if use_direct else 0)
         except OSError as e:
             if not (use_direct and e.errno == errno.EINVAL):
-                raise StoreError(f"{dir_path}: cannot create a chunk file: "
-                                 f"{fsutil.describe(e)}") from e
-            self.direct_refused = True  # tmpfs and some others refuse O_DIRECT at open
-            fd, tmp = fsutil.create_temp(dfd, dir_path, cid)
+                raise self._write_error(e, cid, len(view), free_space_path) from e
+            self.direct_refused = True  # some file systems refuse O_DIRECT at open
+            try:
+                fd, tmp = fsutil.create_temp(dfd, dir_path, cid)
+            except OSError as e2:
+                raise self._write_error(e2, cid, len(view), free_space_path) from e2
         try:
             try:
                 if fsutil.write_all(fd, view):
@@ -144,16 +146,19 @@ class ChunkDir:
             published = self._publish(tmp, cid, dfd, replace)
         except OSError as e:
             fsutil.unlink_quiet(tmp, dfd)
-            if e.errno in (errno.ENOSPC, errno.EDQUOT):
-                free = _free_bytes(free_space_path)
-                raise StoreError(
-                    f"{free_space_path}: file system full writing chunk {cid}: needed "
-                    f"{len(view)} bytes, {free} bytes free ({e.strerror})") from e
-            raise StoreError(f"{self.chunk_path(cid)}: write failed: {fsutil.describe(e)}") from e
+            raise self._write_error(e, cid, len(view), free_space_path) from e
         except BaseException:
             fsutil.unlink_quiet(tmp, dfd)  # killed by an exception: never leave a temp behind
             raise
         return published
+
+    def _write_error(self, e, cid, length, free_space_path):
+        """The StoreError for a failed chunk write; a full disk names the store and the bytes."""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreError(f"{free_space_path}: file system full writing chunk {cid}: needed "
+                              f"{length} bytes, {_free_bytes(free_space_path)} bytes free "
+                              f"({e.strerror})")
+        return StoreError(f"{self.chunk_path(cid)}: write failed: {fsutil.describe(e)}")
 
     @staticmethod
     def _publish(tmp, cid, dfd, replace):

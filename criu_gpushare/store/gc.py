@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from ..config import DEFAULT_GC_GRACE_S as DEFAULT_GRACE_S
 from ..errors import BusyError, StoreError
 from . import catalog, fsutil
-from .layout import CHUNKS_DIR, GC_DIR, GC_LOCK, MANIFESTS_DIR, is_chunk_id
+from .layout import GC_DIR, GC_LOCK, MANIFESTS_DIR, is_chunk_id
 from .leases import scan_leases
 
 
@@ -56,13 +56,17 @@ class _Run:
         except BlockingIOError:
             os.close(self.lock_fd)
             raise BusyError(f"{lock_path}: another gc of this store is running") from None
-        self.gc_fd = store.dir_fd(GC_DIR, create=True)
-        self.gc_path = os.path.join(store.path, GC_DIR)
-        self.undo_crashed_runs()
-        self.run_name = "run-" + os.urandom(8).hex()
-        os.mkdir(self.run_name, 0o700, dir_fd=self.gc_fd)
-        self.run_fd = fsutil.open_dir(os.path.join(self.gc_path, self.run_name), self.run_name,
-                                      dir_fd=self.gc_fd)
+        try:
+            self.gc_fd = store.dir_fd(GC_DIR, create=True)
+            self.gc_path = os.path.join(store.path, GC_DIR)
+            self.undo_crashed_runs()
+            self.run_name = "run-" + os.urandom(8).hex()
+            os.mkdir(self.run_name, 0o700, dir_fd=self.gc_fd)
+            self.run_fd = fsutil.open_dir(os.path.join(self.gc_path, self.run_name),
+                                          self.run_name, dir_fd=self.gc_fd)
+        except BaseException:
+            os.close(self.lock_fd)
+            raise
         # "now" by the store's clock: the time the file system gave our new directory.
         self.now_ns = os.fstat(self.run_fd).st_mtime_ns
 
@@ -78,15 +82,14 @@ class _Run:
                 os.close(run_fd)
             os.rmdir(run, dir_fd=self.gc_fd)
 
-    def _home(self, name):
-        """(dir fd, subdir path) where a condemned file belongs."""
+    def _home_fd(self, name):
+        """The directory a condemned file came from: its fan-out directory, or manifests/."""
         if is_chunk_id(name):
-            return self.store.chunks.fanout_fd(name[:2], create=True), os.path.join(CHUNKS_DIR,
-                                                                                    name[:2])
-        return self.store.dir_fd(MANIFESTS_DIR, create=True), MANIFESTS_DIR
+            return self.store.chunks.fanout_fd(name[:2], create=True)
+        return self.store.dir_fd(MANIFESTS_DIR, create=True)
 
     def _put_back(self, run_fd, name):
-        home_fd, _ = self._home(name)
+        home_fd = self._home_fd(name)
         try:
             os.link(name, name, src_dir_fd=run_fd, dst_dir_fd=home_fd, follow_symlinks=False)
         except FileExistsError:
@@ -120,6 +123,14 @@ def collect_garbage(store, grace_s=DEFAULT_GRACE_S, dry_run=False, before_condem
     """
     if grace_s < 0:
         raise StoreError(f"{store.path}: gc grace period must not be negative ({grace_s})")
+    try:
+        return _collect(store, grace_s, dry_run, before_condemn)
+    except OSError as e:
+        what = f" on {e.filename}" if e.filename else ""  # names relative to a store directory
+        raise StoreError(f"{store.path}: gc failed{what}: {fsutil.describe(e)}") from e
+
+
+def _collect(store, grace_s, dry_run, before_condemn):
     report = GcReport(dry_run, grace_s)
     run = _Run(store)
     try:
