@@ -71,6 +71,9 @@ class Store:
                 os.makedirs(path, mode=0o755, exist_ok=True)
             except OSError as e:
                 raise StoreError(f"{path}: cannot create the store: {fsutil.describe(e)}") from e
+        if not create and not os.path.lexists(path):
+            raise StoreError(f"{path}: no store here (no such directory); the first dump creates "
+                             f"it, or name another with --store or CRIU_GPUSHARE_STORE")
         root_fd = fsutil.open_dir(path)
         try:
             fsutil.check_trusted(root_fd, path)

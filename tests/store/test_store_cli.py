@@ -109,7 +109,7 @@ def test_prefetch_needs_a_cache_and_fills_it(run, two_checkpoints, tmp_path):
 def test_a_missing_store_is_a_store_error(run, tmp_path):
     r = CliRunner().invoke(main, ["store", "--store", str(tmp_path / "none"), "ls"])
     assert r.exit_code == StoreError.exit_code
-    assert f"{tmp_path / 'none'}: no such directory" in r.output
+    assert f"{tmp_path / 'none'}: no store here (no such directory)" in r.output
 
 
 def test_environment_variable_chooses_the_store(two_checkpoints, monkeypatch, tmp_path):
