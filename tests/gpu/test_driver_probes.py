@@ -28,6 +28,13 @@ PCIE_CEILING_GBPS = 55.0   # pinned copies each way on the H200 (DESIGN.md secti
 STEP = {op: index for index, op in enumerate(IMPORTER_CYCLE)}
 
 
+def cycle_figures(run):
+    """lock=... checkpoint=... restore=... unlock=... results and the state seen after restore."""
+    figures = {op: run.call(STEP[op])["result"] for op in IMPORTER_CYCLE if op != "state"}
+    figures["state"] = run.call(STEP["state"]).get("state", run.call(STEP["state"])["result"])
+    return figures
+
+
 def assert_stuck_after_failed_restore(run, expected_restore):
     results = [run.call(STEP[op])["result"] for op in IMPORTER_CYCLE]
     assert results[:2] == [SUCCESS, SUCCESS], f"lock + checkpoint of an importer: {run}"
@@ -40,9 +47,8 @@ def assert_stuck_after_failed_restore(run, expected_restore):
 def test_legacy_ipc_importer_restore_fails_and_stays_checkpointed(probes):
     """Legacy-IPC importer: lock+checkpoint succeed; restore INVALID_VALUE; stuck CHECKPOINTED."""
     importer, run = importer_cycle(probes, "ipc", SHARE_MIB)
-    record("ipc_importer", **{op: run.call(STEP[op])["result"] for op in IMPORTER_CYCLE},
-           state=run.call(STEP["state"]).get("state"))
-    assert importer["data_ok"]
+    record("ipc_importer", **cycle_figures(run))
+    assert importer["data_ok"], "the importer did not see the exporter's data"
     assert_stuck_after_failed_restore(run, DRIVER_FACTS["ipc_importer_restore"])
 
 
@@ -50,9 +56,8 @@ def test_legacy_ipc_importer_restore_fails_and_stays_checkpointed(probes):
 def test_cumem_fd_importer_restore_not_supported_and_stays_checkpointed(probes):
     """cuMem-fd importer: restore NOT_SUPPORTED; stuck CHECKPOINTED (unlock ILLEGAL_STATE)."""
     importer, run = importer_cycle(probes, "fd", SHARE_MIB)
-    record("fd_importer", **{op: run.call(STEP[op])["result"] for op in IMPORTER_CYCLE},
-           state=run.call(STEP["state"]).get("state"))
-    assert importer["data_ok"]
+    record("fd_importer", **cycle_figures(run))
+    assert importer["data_ok"], "the importer did not see the exporter's data"
     assert_stuck_after_failed_restore(run, DRIVER_FACTS["fd_importer_restore"])
 
 
@@ -65,7 +70,8 @@ def test_released_importer_checkpoints_and_reimports_at_same_va(probes):
            same_va=bool(reimported and reimported["va"] == seen["importer"]["va"]),
            data_ok=bool(reimported and reimported["data_ok"]))
     assert all_succeeded(run), run
-    assert reimported["va"] == seen["importer"]["va"] == seen["released"]["va"]
+    assert reimported["va"] == seen["importer"]["va"] == seen["released"]["va"], (
+        f"re-imported at {reimported['va']:#x}, first mapped at {seen['importer']['va']:#x}")
     assert reimported["data_ok"], f"data after re-import differs at offset {reimported['bad_offset']}"
 
 
@@ -79,7 +85,8 @@ def test_exported_fd_stays_open_on_nvidia_device_after_checkpoint(probes):
            nvidia_fds_after=len(seen["nvidia_fds_after"]), restore=back.call(0)["result"])
     assert all_succeeded(seen["run"]), seen["run"]
     assert seen["target_after"] is not None, "the exported fd was closed by the checkpoint"
-    assert seen["target_after"].startswith("/dev/nvidia"), seen
+    assert seen["target_after"].startswith("/dev/nvidia"), (
+        f"the exported fd points at {seen['target_after']} (before: {seen['target_before']})")
     assert all_succeeded(back), f"restore + unlock of the exporter: {back}"
 
 
