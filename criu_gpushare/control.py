@@ -158,10 +158,13 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
         if server != pid:
             raise ShimError(f"@{name} is served by pid {server}, not {pid}: refusing to talk to it")
         try:
-            if fds:
-                socket.send_fds(sock, [msg], list(fds))
-            else:
-                sock.send(msg)
+            try:
+                if fds:
+                    socket.send_fds(sock, [msg], list(fds))
+                else:
+                    sock.send(msg)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a refusal is sent before the request is read: read it below
             raw, got_fds = _recv_all(sock, pid)
         except socket.timeout:
             raise ShimError(f"process {pid}: no reply to {cmd!r} within {timeout:g} s") from None

@@ -283,7 +283,8 @@ void gs_thread_init(void);
 int gs_whose_fd(int fd, uint64_t *id, char *err, size_t errlen);
 int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen);
 /* Tries again to find the exporters of imports made before their exporter was known. Returns the
- * number still unresolved. Call without the state lock. */
+ * number still unresolved, or -1 if the state lock stayed busy. Call without the state lock (it
+ * is taken with a timeout: this runs on the control threads). */
 int gs_resolve_pending_imports(void);
 
 /* The `status` reply body (track.c): every tracked object, as JSON fields. Takes no lock. */

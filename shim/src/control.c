@@ -16,6 +16,7 @@
  * takes none are closed, and the state lock is only taken with a timeout.
  */
 #include <errno.h>
+#include <semaphore.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -37,6 +38,7 @@
 #define GS_REQ_TIMEOUT_MS 2000
 #define GS_REPLY_TIMEOUT_MS 5000
 #define GS_LOCK_TIMEOUT_MS 2000
+#define GS_DENY_WAIT_MS 100
 
 static pthread_mutex_t ctl_mu = PTHREAD_MUTEX_INITIALIZER;
 static pid_t server_pid; /* pid the running server was started for */
@@ -79,6 +81,7 @@ void gs_thread_init(void)
 struct start {
     void *(*fn)(void *);
     void *arg;
+    sem_t *named;
 };
 
 static void *trampoline(void *p)
@@ -86,6 +89,7 @@ static void *trampoline(void *p)
     struct start s = *(struct start *)p;
     free(p);
     gs_thread_init();
+    sem_post(s.named);
     return s.fn(s.arg);
 }
 
@@ -104,8 +108,15 @@ int gs_start_thread(void *(*fn)(void *), void *arg)
     sigset_t old;
     block_signals(&old);
     pthread_t t;
+    sem_t named;
+    sem_init(&named, 0, 0);
+    s->named = &named;
     int r = pthread_create(&t, &attr, trampoline, s);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (r == 0) /* the thread carries its name before the caller goes on (a freezer may look) */
+        while (sem_wait(&named) && errno == EINTR)
+            ;
+    sem_destroy(&named);
     pthread_attr_destroy(&attr);
     if (r) {
         free(s);
@@ -405,6 +416,21 @@ static int peer_allowed(int sock, char *why, size_t whylen)
     return 0;
 }
 
+/* Reads (and drops) the request before answering: closing a unix socket with unread data would
+ * reset the connection and the client would never see why it was refused. A client that sends
+ * nothing holds the accept thread for at most GS_DENY_WAIT_MS. */
+static void refuse(int sock, const char *why)
+{
+    char buf[256];
+    int fds[GS_MAX_FDS], nfds = 0, trunc, ctrunc;
+    set_timeouts(sock, GS_DENY_WAIT_MS, GS_DENY_WAIT_MS);
+    if (recv_record(sock, buf, sizeof(buf), fds, &nfds, &trunc, &ctrunc) >= 0)
+        for (int i = 0; i < nfds; i++)
+            close(fds[i]);
+    reply_error(sock, "denied", why);
+    close(sock);
+}
+
 static void *accept_main(void *arg)
 {
     int lfd = (int)(intptr_t)arg;
@@ -422,8 +448,7 @@ static void *accept_main(void *arg)
         set_timeouts(sock, GS_REQ_TIMEOUT_MS, GS_REPLY_TIMEOUT_MS);
         char why[160];
         if (!peer_allowed(sock, why, sizeof(why))) {
-            reply_error(sock, "denied", why);
-            close(sock);
+            refuse(sock, why);
             continue;
         }
         if (__atomic_add_fetch(&n_workers, 1, __ATOMIC_SEQ_CST) > GS_MAX_WORKERS ||

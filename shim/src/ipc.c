@@ -191,7 +191,8 @@ int gs_resolve_pending_imports(void)
         int fd;
     } todo[256];
     int n = 0, left = 0;
-    gs_lock();
+    if (gs_lock_timed(2000))
+        return -1;
     for (size_t i = 0; i < gs.imports.n; i++) {
         struct gs_import *im = &gs.imports.v[i];
         if (im->kind != GS_IMPORT_FD || im->exporter_pid)
@@ -210,9 +211,8 @@ int gs_resolve_pending_imports(void)
         uint64_t eid;
         int found = find_exporter(todo[k].fd, &pid, &eid) == 0;
         close(todo[k].fd);
-        if (!found)
+        if (!found || gs_lock_timed(2000))
             continue;
-        gs_lock();
         for (size_t i = 0; i < gs.imports.n; i++) {
             struct gs_import *im = &gs.imports.v[i];
             if (im->id == todo[k].id && !im->exporter_pid) {
@@ -225,9 +225,10 @@ int gs_resolve_pending_imports(void)
         }
         gs_unlock();
     }
-    gs_lock();
+    if (gs_lock_timed(2000))
+        return -1;
     for (size_t i = 0; i < gs.imports.n; i++)
-        left += gs.imports.v[i].exporter_pid == 0;
+        left += gs.imports.v[i].kind == GS_IMPORT_FD && gs.imports.v[i].exporter_pid == 0;
     gs_unlock();
     return left;
 }

@@ -22,8 +22,8 @@ Reads one command a line on stdin and answers one JSON line on stdout: {"ok": tr
   sleep US                       sleep_us kernel on the worker stream (not waited for)
   sync                           cuStreamSynchronize(worker stream)
   read NAME [COUNT]              cuMemcpyDtoH of COUNT uint32 (default 4)   -> values
-  hammer SECONDS THREADS         THREADS threads each loop {launch add32 +1, memset-free copy}
-                                 on its own stream for SECONDS; -> counts per thread
+  hammer SECONDS THREADS         THREADS threads each loop {launch add32 +1, async copy} on its
+                                 own stream for SECONDS       -> counts, values, stalls per thread
   mc NAME                        multicast object of NAME's size (1 device), add device 0, bind
                                  NAME's handle                              -> handle
   unbind NAME                    cuMulticastUnbind of that bind
@@ -234,23 +234,31 @@ class Workload:
 
     def cmd_hammer(self, seconds, nthreads):
         """Threads submitting kernels and copies as fast as they can; each thread adds 1 to its
-        own buffer per iteration, so the final contents prove every launch ran exactly once."""
+        own buffer per iteration, so the final contents prove every launch ran exactly once.
+        Returns per thread the iteration count and the stalls: (start, end) CLOCK_MONOTONIC
+        intervals longer than 0.2 s without a completed iteration."""
         deadline = time.monotonic() + float(seconds)
         counts = [0] * int(nthreads)
+        stalls = [[] for _ in counts]
         errors = []
         bufs = [int(ok(cu.cuMemAlloc(4096))) for _ in counts]
-        host = (ctypes.c_uint32 * 1024)()
 
         def run(i):
             try:
+                host = (ctypes.c_uint32 * 1)()
                 ok(cu.cuCtxSetCurrent(self.ctx))
                 stream = ok(cu.cuStreamCreate(0))
                 ok(cu.cuMemsetD32Async(bufs[i], 0, 1024, stream))
-                while time.monotonic() < deadline:
+                last = time.monotonic()
+                while last < deadline:
                     self.launch("add32", (bufs[i], 1, 1024),
                                 (ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint64), stream)
                     ok(cu.cuMemcpyDtoHAsync(ctypes.addressof(host), bufs[i], 4, stream))
                     counts[i] += 1
+                    now = time.monotonic()
+                    if now - last > 0.2:
+                        stalls[i].append((last, now))
+                    last = now
                 ok(cu.cuStreamSynchronize(stream))
             except CudaError as e:
                 errors.append(str(e))
@@ -268,7 +276,7 @@ class Workload:
             ok(cu.cuMemcpyDtoH(ctypes.addressof(out), b, 4096))
             values.append(sorted(set(out)))
             ok(cu.cuMemFree(b))
-        return {"counts": counts, "values": values}
+        return {"counts": counts, "values": values, "stalls": stalls}
 
     def cmd_mc(self, name):
         b = self.bufs[name]
