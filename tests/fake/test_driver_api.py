@@ -432,3 +432,31 @@ def test_usage_files_show_each_process_device_memory(workers, fake_env):
     a.ok("exit")
     a.proc.wait(10)
     assert a.pid not in read_usage(fake_env["FAKECUDA_STATE"])
+
+
+def test_2d_3d_copies_and_stream_memory_operations(fake_env):
+    run(fake_env, """
+        ctx()
+        a = ok(cu.cuMemAlloc(MB)); flag = ok(cu.cuMemAlloc(4096))
+        ok(cu.cuMemsetD8(a, 0, MB)); ok(cu.cuMemsetD8(flag, 0, 4096))
+        host = (ctypes.c_uint8 * 64)(*range(64))  # 4 rows of 16 bytes
+        p = cu.CUDA_MEMCPY2D()
+        p.srcMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_HOST; p.srcHost = ctypes.addressof(host); p.srcPitch = 16
+        p.dstMemoryType = cu.CUmemorytype.CU_MEMORYTYPE_DEVICE; p.dstDevice = a; p.dstPitch = 256
+        p.WidthInBytes = 8; p.Height = 4
+        ok(cu.cuMemcpy2D(p))
+        out = (ctypes.c_uint8 * 1024)()
+        ok(cu.cuMemcpyDtoH(out, a, 1024))
+        assert list(out[0:9]) == [0, 1, 2, 3, 4, 5, 6, 7, 0] and list(out[768:776]) == list(range(48, 56))
+        # A stream waits on a value another stream writes.
+        waiter = ok(cu.cuStreamCreate(0)); writer = ok(cu.cuStreamCreate(0))
+        ok(cu.cuStreamWaitValue32(waiter, flag, 7, cu.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ))
+        ok(cu.cuMemsetD32Async(a, 0x99, 4, waiter))
+        time.sleep(0.1)
+        assert err(cu.cuStreamQuery(waiter)) == R.CUDA_ERROR_NOT_READY
+        ok(cu.cuStreamWriteValue32(writer, flag, 7, 0))
+        ok(cu.cuStreamSynchronize(waiter))
+        assert u32(a, 0) == 0x99
+        r = cu.cuGraphLaunch(None, 0)
+        assert err(r) == R.CUDA_ERROR_INVALID_HANDLE
+    """)

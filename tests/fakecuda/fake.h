@@ -221,6 +221,24 @@ void fk_map_unlink(struct fk_map *m);
 CUresult fk_check_range(uintptr_t p, size_t n, int device_side, int write);
 
 /* ---- stream.c ------------------------------------------------------------------------ */
+/* A strided copy: depth slices of height rows of width bytes. */
+struct fk_copy3d {
+    uintptr_t dst, src;
+    size_t width, height, depth;
+    size_t dpitch, spitch, dslice, sslice;
+};
+/* A stream memory operation (cuStreamWriteValue*, cuStreamWaitValue*). */
+struct fk_memop {
+    int write;                  /* 1: write value; 0: wait until the condition holds */
+    int bits;                   /* 32 or 64 */
+    uintptr_t addr;
+    unsigned long long value;
+    unsigned flags;             /* CUstreamWaitValue_flags for waits */
+};
+CUresult fk_submit_copy3d(const struct fk_copy3d *c, CUstream hs, int pt, int sync);
+CUresult fk_submit_memop(const struct fk_memop *m, CUstream hs, int pt);
+CUresult fk_launch_function(CUfunction f, CUstream hs, void **params, int pt);
+void fk_run_memop(const struct fk_memop *m); /* memops.c; runs on a stream worker */
 void fk_streams_drain_all(void);
 int fk_streams_drain_until(double deadline_ms);
 void fk_stream_sync_ctx(struct fk_ctx *c);

@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum fk_op_kind { OP_COPY, OP_SET, OP_KERNEL, OP_EVENT, OP_WAIT, OP_HOSTFN, OP_CALLBACK };
+enum fk_op_kind { OP_COPY, OP_COPY3D, OP_SET, OP_KERNEL, OP_EVENT, OP_WAIT, OP_HOSTFN, OP_CALLBACK, OP_MEMOP };
 enum fk_kernel_kind { K_SLEEP_US, K_FILL32, K_ADD32, K_COPY8 };
 
 struct fk_op {
@@ -34,7 +34,11 @@ struct fk_op {
     CUstreamCallback callback;
     CUstream callback_stream;
     void *data;
+    struct fk_copy3d copy3d;
+    struct fk_memop memop;
 };
+
+static CUresult fk_launch(CUfunction hf, CUstream hs, void **params, int pt);
 
 static struct {
     pthread_mutex_t mu;
@@ -50,6 +54,16 @@ static void fk_run_op(struct fk_op *op)
     switch (op->kind) {
     case OP_COPY:
         memmove((void *)op->dst, (const void *)op->src, op->n);
+        break;
+    case OP_COPY3D:
+        for (size_t z = 0; z < op->copy3d.depth; z++)
+            for (size_t y = 0; y < op->copy3d.height; y++)
+                memmove((void *)(op->copy3d.dst + z * op->copy3d.dslice + y * op->copy3d.dpitch),
+                        (const void *)(op->copy3d.src + z * op->copy3d.sslice + y * op->copy3d.spitch),
+                        op->copy3d.width);
+        break;
+    case OP_MEMOP:
+        fk_run_memop(&op->memop);
         break;
     case OP_SET:
         for (size_t row = 0; row < (op->height ? op->height : 1); row++) {
@@ -280,6 +294,24 @@ static CUresult fk_enqueue(CUstream hs, int ptds, struct fk_op *op, int sync)
     if (sync) fk_wait_seq(s, seq);
     return CUDA_SUCCESS;
 }
+
+CUresult fk_submit_copy3d(const struct fk_copy3d *c, CUstream hs, int pt, int sync)
+{
+    struct fk_op *op = calloc(1, sizeof *op);
+    op->kind = OP_COPY3D;
+    op->copy3d = *c;
+    return fk_enqueue(hs, pt, op, sync);
+}
+
+CUresult fk_submit_memop(const struct fk_memop *m, CUstream hs, int pt)
+{
+    struct fk_op *op = calloc(1, sizeof *op);
+    op->kind = OP_MEMOP;
+    op->memop = *m;
+    return fk_enqueue(hs, pt, op, 0);
+}
+
+CUresult fk_launch_function(CUfunction f, CUstream hs, void **params, int pt) { return fk_launch(f, hs, params, pt); }
 
 /* Defines NAME and its per-thread twin TWIN with the same parameters; BODY(pt) is the shared
  * implementation, with pt = 1 in the twin. */
