@@ -9,6 +9,7 @@ named; sizes and values are integers (0x... accepted). Commands:
   vmm NAME BYTES [DEV]            cuMemCreate (POSIX fd), reserve, map, set access -> ok VA HANDLE
   export NAME                     cuMemExportToShareableHandle            -> ok FD
   import NAME PID FD              open /proc/PID/fd/FD, import, reserve, map, access -> ok VA
+  close_fd FD                     close an fd (e.g. an exported one)
   unmap_release NAME              cuMemUnmap + cuMemRelease, the VA stays reserved
   reimport NAME PID FD            import a fresh fd and map it at NAME's kept VA -> ok VA
   ipc_get NAME                    cuIpcGetMemHandle                       -> ok HEX
@@ -116,6 +117,9 @@ class Worker:
         size = os.stat(f"/proc/{pid}/fd/{fd}").st_size
         handle = self._import(int(pid), int(fd))
         return hex(self._map(name, handle, size, 0))
+
+    def cmd_close_fd(self, fd):
+        os.close(int(fd))
 
     def cmd_unmap_release(self, name):
         b = self.bufs[name]

@@ -165,15 +165,20 @@ def test_released_import_restores_and_reimport_lands_at_the_same_va(workers):
     assert exporter.ok("get32 v 5") == ["0x42"]
 
 
-def test_exported_fd_stays_open_in_the_exporter_after_checkpoint(workers, fake_env):
+def test_exported_fd_stays_open_and_keeps_the_memory_through_a_checkpoint(workers, fake_env):
     exporter, tool = workers(), workers()
-    exporter.ok("vmm v 0x200000")
-    fd = exporter.ok("export v")[0]
+    exporter.ok("vmm kept 0x200000")
+    exporter.ok("vmm voided 0x400000")
+    fd = exporter.ok("export kept")[0]
+    exporter.ok(f"close_fd {exporter.ok('export voided')[0]}")
     target = os.readlink(f"/proc/{exporter.pid}/fd/{fd}")
     checkpoint(tool, exporter.pid)
     assert os.readlink(f"/proc/{exporter.pid}/fd/{fd}") == target
+    # The kept fd pins its 2 MiB; the allocation whose export was closed is freed.
+    assert process_usage(fake_env["FAKECUDA_STATE"], exporter.pid) == 2 * MB
     tool.ok(f"ck restore {exporter.pid}")
     tool.ok(f"ck unlock {exporter.pid}")
+    assert process_usage(fake_env["FAKECUDA_STATE"], exporter.pid) == 6 * MB
 
 
 def test_threads_of_one_process_checkpoint_two_pids_at_once(workers):
@@ -191,7 +196,7 @@ def test_threads_of_one_process_checkpoint_two_pids_at_once(workers):
 
 def test_checkpoint_calls_from_two_processes_at_once_are_caught(workers):
     a, b, tool1, tool2 = workers(), workers(), workers(), workers()
-    a.ok("sleep_kernel 1500000")  # tool1's lock stays in flight while tool2 calls
+    a.ok("sleep_kernel 1000000")  # tool1's lock stays in flight while tool2 calls
     tool1.send(f"ck lock {a.pid}")
     time.sleep(0.3)
     assert tool2.ok(f"ck lock {b.pid}") == ["CUDA_ERROR_NOT_PERMITTED"]
@@ -230,3 +235,17 @@ def test_injected_lock_failure(workers):
     assert tool.ok(f"state {target.pid}") == [RUNNING]
     assert tool.ok(f"ck lock {target.pid}") == ["CUDA_SUCCESS"]
     tool.ok(f"ck unlock {target.pid}")
+
+
+def test_injected_checkpoint_failure_inside_the_target(workers):
+    target = workers(FAKECUDA_FAIL="cuCheckpointProcessCheckpoint=1:2")
+    tool = workers()
+    target.ok("alloc a 0x200000")
+    target.ok("set32 a 0x5")
+    assert tool.ok(f"ck lock {target.pid}") == ["CUDA_SUCCESS"]
+    assert tool.ok(f"ck checkpoint {target.pid}") == ["CUDA_ERROR_OUT_OF_MEMORY"]
+    assert tool.ok(f"state {target.pid}") == [LOCKED]
+    assert tool.ok(f"ck checkpoint {target.pid}") == ["CUDA_SUCCESS"]
+    tool.ok(f"ck restore {target.pid}")
+    tool.ok(f"ck unlock {target.pid}")
+    assert target.ok("get32 a") == ["0x5"]

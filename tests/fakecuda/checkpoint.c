@@ -13,6 +13,7 @@
  * that with a node-wide flock and fails the second call loudly instead (see fk_serial_enter). */
 #include "fake.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
@@ -91,6 +93,27 @@ static CUresult fk_do_lock(unsigned timeout_ms)
 
 static int fk_owned(const struct fk_phys *p) { return p->kind == FK_PHYS_ALLOC || p->kind == FK_PHYS_CREATE; }
 
+/* Does an fd of this process other than the fake's own refer to p's memfd? An exported fd the
+ * application still holds keeps the memory pinned through a checkpoint. */
+static int fk_pinned_by_app_fd(const struct fk_phys *p)
+{
+    struct stat own;
+    if (fstat(p->memfd, &own) != 0) return 0;
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) return 0;
+    int pinned = 0;
+    struct dirent *e;
+    while (!pinned && (e = readdir(d))) {
+        char *end;
+        long fd = strtol(e->d_name, &end, 10);
+        if (*end || fd == p->memfd || fd == p->ipc_fd || fd == dirfd(d)) continue;
+        struct stat st;
+        if (fstat((int)fd, &st) == 0 && st.st_ino == own.st_ino && st.st_dev == own.st_dev) pinned = 1;
+    }
+    closedir(d);
+    return pinned;
+}
+
 static CUresult fk_do_checkpoint(void)
 {
     if (fk.cstate != FK_LOCKED) return CUDA_ERROR_ILLEGAL_STATE;
@@ -128,11 +151,13 @@ static CUresult fk_do_checkpoint(void)
         }
     for (struct fk_phys *p = fk.phys; p; p = p->next) {
         if (!fk_owned(p) || p->memfd < 0) continue;
-        close(p->memfd); /* fds the application exported keep their own reference */
+        /* An exported fd the application kept holds the memory: it stays counted as used. */
+        int pinned = fk_pinned_by_app_fd(p);
+        close(p->memfd);
         p->memfd = -1;
         if (p->ipc_fd >= 0) close(p->ipc_fd);
         p->ipc_fd = -1;
-        if (p->charged) fk_charge(p, 0);
+        if (p->charged && !pinned) fk_charge(p, 0);
     }
     for (struct fk_host *h = fk.hosts; h; h = h->next) {
         if (h->kind != FK_HOST_ALLOC || h->unmapped) continue;
@@ -273,7 +298,12 @@ static void fk_serve(int conn)
         if (n <= 0) return;
         got += (size_t)n;
     }
-    switch (req.op) {
+    /* FAKECUDA_FAIL of the target makes the operation fail inside it, its state unchanged. */
+    static const char *names[] = {NULL, "cuCheckpointProcessLock", "cuCheckpointProcessCheckpoint",
+                                  "cuCheckpointProcessRestore", "cuCheckpointProcessUnlock"};
+    CUresult injected = req.op >= CK_LOCK && req.op <= CK_UNLOCK ? fk_fail_point(names[req.op]) : CUDA_SUCCESS;
+    switch (injected != CUDA_SUCCESS ? -1 : req.op) {
+    case -1: rep.result = injected; break;
     case CK_LOCK: rep.result = fk_do_lock(req.timeout_ms); break;
     case CK_CHECKPOINT: rep.result = fk_do_checkpoint(); break;
     case CK_RESTORE: rep.result = fk_do_restore(&req); break;

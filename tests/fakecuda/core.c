@@ -112,6 +112,9 @@ static __thread int fk_in_api; /* nested public calls (one entry point calling a
 CUresult fk_enter(const char *name, int gate)
 {
     if (!fk.initialized || fk.forked) return CUDA_ERROR_NOT_INITIALIZED;
+    static int trace = -1;
+    if (trace < 0) trace = getenv("FAKECUDA_TRACE") != NULL;
+    if (trace) fk_log("%d: %s", (int)getpid(), name);
     CUresult r = fk_fail_point(name);
     if (r != CUDA_SUCCESS || !gate) return r;
     pthread_mutex_lock(&fk.gate_mu);
