@@ -2,11 +2,46 @@
  *
  * The shim runs inside each workload process. It owns structure, not bytes: it tracks what the
  * driver cannot restore, gates GPU work, and answers the tool on a control socket. It never links
- * libcuda; it finds the real driver at run time.
+ * libcuda; it finds the real driver (libcuda.so.1) at run time.
+ *
+ * How programs reach it (all three covered, for every name in hooks.def and each _v2/_ptds/_ptsz
+ * variant listed there):
+ *   - direct linking: every interposed function is exported under the driver's name, gated ones
+ *     included (so programs linked against libcuda are held by the gates too);
+ *   - dlsym(handle, "cu...") on any real library handle returns the wrapper when the driver's
+ *     function is one the shim wraps; dlsym(RTLD_DEFAULT/RTLD_NEXT, ...) goes to glibc untouched
+ *     (RTLD_DEFAULT finds the exported wrappers anyway; RTLD_NEXT lookups of driver functions are
+ *     not wrapped);
+ *   - cuGetProcAddress and cuGetProcAddress_v2 return the wrapper of whatever the driver returned
+ *     (matched by pointer, so unversioned names and the per-thread-stream flag work).
+ * The shim's own driver calls never go through its wrappers; a wrapper re-entered on one thread
+ * passes straight through.
+ *
+ * What it tracks (status command, protocol.md): cuMem allocations (POSIX-fd export capability is
+ * added to every cuMemCreate), mappings with merged access, POSIX-fd exports (kept dups), imports
+ * linked to their exporter (pid, allocation id), cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN backed by
+ * exportable cuMem memory, CUDA IPC of that memory served through the shim, page-locked host memory
+ * (cuMemHostAlloc/cuMemAllocHost are mmap + register, so they can be re-registered), peer access,
+ * multicast objects and binds. Sharing it cannot restore (CUDA IPC of foreign memory, imports with
+ * no known exporter, exports of untracked handles) is listed so a checkpoint refuses it.
+ *
+ * Gates (quiesce/resume): launch gate = cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
+ * cuGraphLaunch; memory gate = copies, memsets, stream memory operations, cuLaunchHostFunc (each
+ * with its _ptds/_ptsz twin). Not gated: copies to or from CUDA arrays, batched copies, managed
+ * prefetch. The drain synchronizes every active primary context; work in contexts from
+ * cuCtxCreate is not drained. A host function that calls a gated function while the gates close
+ * makes the drain time out (busy), never deadlock.
+ *
+ * Environment:
+ *   CRIU_GPUSHARE_MALLOC_MIN  bytes (default 2097152): cuMemAlloc of at least this much is backed
+ *                             by exportable cuMem memory; 0 turns the backing off.
  *
  * Exported for tools (resolve with dlsym on the loaded shim):
  *   criu_gpushare_shim_version()   "MAJOR.MINOR.PATCH", the package version it was built with
  *   criu_gpushare_shim_protocol()  the control-protocol version (an integer, see protocol.md)
+ * Also exported: dlsym, and the driver functions listed in hooks.def.
+ *
+ * Control socket: abstract "\0criu-gpushare.<pid>", SOCK_SEQPACKET, JSON; see shim/protocol.md.
  */
 #ifndef CRIU_GPUSHARE_SHIM_H
 #define CRIU_GPUSHARE_SHIM_H
