@@ -155,3 +155,17 @@ def test_a_chunk_file_longer_than_expected_is_refused(store):
         f.write(b"extra")
     with pytest.raises(StoreError, match="4101 bytes, expected 4096"):
         store.get(cid, bytearray(4096))
+
+
+def test_a_taken_temp_name_is_retried_with_a_fresh_one(store, monkeypatch):
+    data = chunk_bytes(9)
+    cid = layout.chunk_id(data)
+    fan = os.path.dirname(chunk_path(store, cid))
+    os.makedirs(fan, exist_ok=True)
+    taken = f".{cid}.{'0' * 16}.tmp"
+    open(os.path.join(fan, taken), "wb").close()  # another writer's temp file
+    names = iter([taken, f".{cid}.{'1' * 16}.tmp"])
+    monkeypatch.setattr(fsutil, "temp_name", lambda final: next(names))
+    assert store.put(data).status.value == "new"
+    assert os.path.getsize(os.path.join(fan, taken)) == 0  # the other writer's file untouched
+    assert sorted(os.listdir(fan)) == sorted([taken, cid])
