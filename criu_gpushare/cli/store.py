@@ -22,12 +22,12 @@ def human(n):
     return str(n)
 
 
-def table(rows, headers):
-    """A plain text table: columns padded to their widest cell, numbers right-aligned."""
+def table(rows, headers, right=()):
+    """A plain text table: columns padded to their widest cell; columns in `right` (indexes:
+    counts and sizes) right-aligned."""
     cells = [[str(c) for c in r] for r in rows]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    right = [bool(rows) and all(isinstance(r[i], (int, float)) or str(r[i])[:1].isdigit()
-                                for r in rows) for i in range(len(headers))]
+    right = [i in right for i in range(len(headers))]
 
     def line(row):
         return "  ".join(c.rjust(w) if r else c.ljust(w)
@@ -88,7 +88,7 @@ def ls(ctx, as_json):
                          "stored_bytes": sum(stored.values()), "meta": ref.meta})
     text = table([[r["name"], r["created"], r["processes"], r["allocations"], human(r["bytes"]),
                    human(r["stored_bytes"])] for r in rows],
-                 ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED"])
+                 ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED"], right={2, 3, 4, 5})
     text += "".join(f"\n{b['name']}: unreadable: {b['error']}" for b in broken)
     emit(as_json, {"store": st.path, "checkpoints": rows, "unreadable": broken}, text)
     if broken:
@@ -202,7 +202,7 @@ def du(ctx, as_json):
         ["temp files", u.temp_files, human(u.temp_bytes)],
         ["dumps in progress", u.leases, ""],
     ] + cache_rows
-    emit(as_json, doc, table(rows, ["WHAT", "COUNT", "BYTES"])
+    emit(as_json, doc, table(rows, ["WHAT", "COUNT", "BYTES"], right={1, 2})
          + f"\ndedup ratio {u.dedup_ratio:.2f} (checkpointed bytes per stored byte)")
 
 
