@@ -103,7 +103,11 @@ def record(name, **figures):
 def nvidia_fds(pid):
     """The /dev/nvidia* paths among the open fds of `pid` (one entry per fd)."""
     found = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except FileNotFoundError:
+        return found  # the process is gone
+    for fd in fds:
         try:
             target = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
@@ -111,6 +115,15 @@ def nvidia_fds(pid):
         if target.startswith("/dev/nvidia"):
             found.append(target)
     return found
+
+
+def _sigkill_group(pid):
+    """SIGKILL the process group led by `pid` (probes start their own) and `pid` itself."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def fd_target(pid, fd):
@@ -189,24 +202,25 @@ class ProbeSession:
                 proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for proc in self.procs.values():
-            for kill in (lambda: os.killpg(proc.pid, signal.SIGKILL),
-                         lambda: os.kill(proc.pid, signal.SIGKILL)):
-                try:
-                    kill()
-                except (ProcessLookupError, PermissionError):
-                    pass
-        for pid in self.adopted:
-            for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-                try:
-                    target()
-                except (ProcessLookupError, PermissionError):
-                    pass
+        # Only pids that cannot have been reused: our unreaped children, and adopted processes
+        # that still carry this session's tag.
+        alive = [proc.pid for proc in self.procs.values() if proc.poll() is None]
+        tagged = [pid for pid in sorted(self.adopted) if self._is_ours(pid)]
+        for pid in alive + tagged:
+            _sigkill_group(pid)
         for proc in self.procs.values():
             try:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 pass  # stuck in the driver (D state): nothing more a test can do
+
+    def _is_ours(self, pid):
+        entry = f"{TAG_VAR}={self.env[TAG_VAR]}".encode()
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return entry in f.read().split(b"\0")
+        except OSError:
+            return False
 
     def __enter__(self):
         return self
