@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BUILD_ROOT = os.path.join(HERE, ".build")
@@ -42,6 +43,14 @@ def _sources() -> list[str]:
     return sorted(glob.glob(os.path.join(HERE, "*.c")) + glob.glob(os.path.join(HERE, "*.h")))
 
 
+def _prune_old_builds(keep: str, max_age_s: float = 86400) -> None:
+    """Remove builds of older sources unused for a day (a running session may still use newer ones)."""
+    now = time.time()
+    for entry in os.scandir(BUILD_ROOT):
+        if entry.is_dir() and entry.path != keep and now - entry.stat().st_mtime > max_age_s:
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
 def build_fake_driver() -> str:
     """Compile the fake driver if needed; return the directory that holds ``libcuda.so.1``."""
     gcc = shutil.which(os.environ.get("CC", "gcc"))
@@ -69,6 +78,7 @@ def build_fake_driver() -> str:
         raise FakeDriverBuildError("building the fake driver failed:\n" + " ".join(cmd) + "\n" + proc.stderr)
     os.chmod(tmp, 0o755)
     os.replace(tmp, target)
+    _prune_old_builds(keep=out_dir)
     # libcuda.so for programs that link with -lcuda at build time.
     link = os.path.join(out_dir, "libcuda.so")
     if not os.path.lexists(link):

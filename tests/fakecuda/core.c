@@ -176,6 +176,11 @@ static void fk_configure(void)
         snprintf(fk.state_dir, sizeof fk.state_dir, "%s", s);
     else
         snprintf(fk.state_dir, sizeof fk.state_dir, "/tmp/fakecuda-%u", (unsigned)getuid());
+    for (char *slash = fk.state_dir + 1; (slash = strchr(slash, '/')); slash++) {
+        *slash = 0; /* mkdir -p */
+        mkdir(fk.state_dir, 0777);
+        *slash = '/';
+    }
     mkdir(fk.state_dir, 0777);
     char usage[600];
     snprintf(usage, sizeof usage, "%s/usage", fk.state_dir);
