@@ -251,8 +251,12 @@ def test_criu_action_script_order(probes, criu_bin, image_dir):
     dump = run_criu(criu_bin, "dump", image_dir, ["-t", sleeper.pid, "--action-script", script], env)
     assert dump.returncode == 0, f"criu dump: {dump.tail()}"
     probes.reap_role("sleeper")
-    restore = run_criu(criu_bin, "restore", image_dir, ["-d", "--action-script", script], env)
-    probes.adopt(sleeper.pid)
+    pidfile = image_dir / "restored.pid"
+    restore = run_criu(criu_bin, "restore", image_dir,
+                       ["-d", "--pidfile", pidfile, "--action-script", script], env)
+    probes.adopt(sleeper.pid)  # CRIU restores the same pid; the pidfile says so
+    if pidfile.exists():
+        probes.adopt(int(pidfile.read_text()))
     assert restore.returncode == 0, f"criu restore: {restore.tail()}"
     calls = [dict(f.split("=", 1) for f in line.split()) for line in record_file.read_text().splitlines()]
     record("criu_actions", order=",".join(f"{c['action']}:{c['state']}" for c in calls),
