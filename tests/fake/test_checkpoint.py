@@ -3,6 +3,7 @@
 gets from a restore."""
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 
@@ -194,11 +195,27 @@ def test_threads_of_one_process_checkpoint_two_pids_at_once(workers):
     assert a.ok("get32 x") == b.ok("get32 x") == ["0x77"]
 
 
-def test_checkpoint_calls_from_two_processes_at_once_are_caught(workers):
+def checkpoint_call_in_flight(state_dir: str) -> bool:
+    """True while some process holds the fake's node-wide checkpoint-call lock."""
+    fd = os.open(os.path.join(state_dir, "checkpoint-calls.lock"), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def test_checkpoint_calls_from_two_processes_at_once_are_caught(workers, fake_env):
     a, b, tool1, tool2 = workers(), workers(), workers(), workers()
     a.ok("sleep_kernel 1000000")  # tool1's lock stays in flight while tool2 calls
     tool1.send(f"ck lock {a.pid}")
-    time.sleep(0.3)
+    deadline = time.monotonic() + 10
+    while not checkpoint_call_in_flight(fake_env["FAKECUDA_STATE"]):
+        assert time.monotonic() < deadline, "tool1's lock call never started"
+        time.sleep(0.01)
     assert tool2.ok(f"ck lock {b.pid}") == ["CUDA_ERROR_NOT_PERMITTED"]
     assert tool1.reply() == ["ok", "CUDA_SUCCESS"]
     tool2.proc.stdin.close()
