@@ -166,6 +166,10 @@ static unsigned long long fk_submit(struct fk_stream *s, struct fk_op *op)
     }
     fk_append(s, op);
     unsigned long long seq = op->seq;
+    if (op->kind == OP_EVENT) { /* the event now stands for this point of the stream, atomically */
+        op->event->stream = s;
+        op->event->seq = seq;
+    }
     pthread_mutex_unlock(&fk_sq.mu);
     return seq;
 }
@@ -447,13 +451,7 @@ static CUresult fk_event_record(CUevent h, CUstream hs, int pt)
     pthread_mutex_lock(&fk_sq.mu);
     op->event_gen = ++e->gen;
     pthread_mutex_unlock(&fk_sq.mu);
-    unsigned long long seq = fk_submit(s, op);
-    pthread_mutex_lock(&fk_sq.mu);
-    if (e->gen == op->event_gen || s->completed >= seq) {
-        e->stream = s;
-        e->seq = seq;
-    }
-    pthread_mutex_unlock(&fk_sq.mu);
+    fk_submit(s, op);
     return CUDA_SUCCESS;
 }
 FK_PAIR(cuEventRecord, cuEventRecord_ptsz, (CUevent h, CUstream hs), RECORD_BODY)
