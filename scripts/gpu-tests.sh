@@ -34,7 +34,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 # this script and pytest do not carry the tag, so step 7 finds exactly the probes.
 export GPUSHARE_PROBE_RUN="gpu-tests-$$-$(date +%s)"
 export PROBE_RECORD="$OUT/probe-figures.txt"
-export PROBE_DISK_DIR=${PROBE_DISK_DIR:-$OUT}
+export PROBE_DISK_DIR=${PROBE_DISK_DIR:-$REPO}  # the O_DIRECT probe writes (and removes) 2 GiB here
 : >"$PROBE_RECORD"
 : >"$OUT/steps.txt"
 FAILED=0
