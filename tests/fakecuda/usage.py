@@ -40,3 +40,12 @@ def read_usage(state_dir: str, include_dead: bool = False) -> dict[int, dict[int
 def process_usage(state_dir: str, pid: int) -> int:
     """Bytes of device memory (all devices) that pid owns now; 0 if it has no usage file."""
     return sum(read_usage(state_dir, include_dead=True).get(pid, {}).values())
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: usage.py FAKECUDA_STATE_DIR")
+    for pid, devices in sorted(read_usage(sys.argv[1]).items()):
+        print(pid, " ".join(f"dev{dev}={used >> 20}MiB" for dev, used in sorted(devices.items())))
