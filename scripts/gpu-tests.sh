@@ -162,8 +162,13 @@ banner "versions"
 cat "$OUT/versions.txt"
 
 banner "criu-gpushare doctor"
-# The installed package, never the source tree: run from / (python puts the cwd on sys.path).
-doctor() { (cd / && timeout 120 python3 -m criu_gpushare.cli doctor "$@"); }
+# The installed package, never the source tree: run from / (python puts the cwd on sys.path);
+# the console script when pip put it on PATH, else its module.
+if command -v criu-gpushare >/dev/null; then
+    doctor() { (cd / && timeout 120 criu-gpushare doctor "$@"); }
+else
+    doctor() { (cd / && timeout 120 python3 -m criu_gpushare.cli doctor "$@"); }
+fi
 if (cd / && python3 -c 'import criu_gpushare.cli') 2>/dev/null; then
     # a failing check is information, not a failed run: the exit codes go into steps.txt
     doctor >"$OUT/doctor.txt" 2>&1
