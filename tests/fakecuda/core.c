@@ -2,6 +2,7 @@
 #include "fake.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -182,6 +183,12 @@ static void fk_configure(void)
         *slash = '/';
     }
     mkdir(fk.state_dir, 0777);
+    /* The restore threads' socket names derive from this path: make it the same in every process. */
+    char *real = realpath(fk.state_dir, NULL);
+    if (real) {
+        snprintf(fk.state_dir, sizeof fk.state_dir, "%s", real);
+        free(real);
+    }
     char usage[600];
     snprintf(usage, sizeof usage, "%s/usage", fk.state_dir);
     mkdir(usage, 0777);
