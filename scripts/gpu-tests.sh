@@ -6,7 +6,8 @@
 # What it does, in order; a failed step is recorded and the script goes on:
 #   1. keeps NVLink multicast off in every process (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 #      NVSHMEM_DISABLE_NVLS=1);
-#   2. `pip install --no-build-isolation --no-deps .` (the machine has no network)  -> OUT/pip-install.log
+#   2. `pip install --no-build-isolation --no-deps -e .` (no network there; editable so that the
+#      package imported from the repository root is the built one, shim included)  -> OUT/pip-install.log
 #   3. unpacks the CRIU debs carried in .criu-debs/*.deb (see /work/shared/tools/fetch-criu-debs.sh)
 #      under $CRIU_PREFIX (default /opt/criu, never /) and puts them on PATH, LD_LIBRARY_PATH, PYTHONPATH;
 #   4. prints versions: kernel, nvidia-smi, driver, python packages, criu --version, criu check
@@ -101,12 +102,12 @@ banner "install (pip)"
 if [ "${GPU_TESTS_INSTALL:-1}" = 0 ]; then
     echo "GPU_TESTS_INSTALL=0: not installing (dry run on a development machine)" | tee "$OUT/pip-install.log"
 else
-    python3 -m pip install --no-build-isolation --no-deps . >"$OUT/pip-install.log" 2>&1
+    python3 -m pip install --no-build-isolation --no-deps -e . >"$OUT/pip-install.log" 2>&1
     rc=$?
     if [ "$rc" -ne 0 ] && grep -q externally-managed-environment "$OUT/pip-install.log"; then
         # PEP 668 system Python (Ubuntu 24.04): the machine's packages went in the same way
         echo "-- retrying with --break-system-packages" >>"$OUT/pip-install.log"
-        python3 -m pip install --no-build-isolation --no-deps --break-system-packages . \
+        python3 -m pip install --no-build-isolation --no-deps --break-system-packages -e . \
             >>"$OUT/pip-install.log" 2>&1
         rc=$?
     fi

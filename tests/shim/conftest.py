@@ -15,6 +15,14 @@ import pytest
 
 from criu_gpushare import control
 
+# CRIU_GPUSHARE_TEST_DRIVER=real runs these tests against the machine's driver (a GPU host);
+# anything else uses the fake driver. Tests of what only the fake can do are skipped there.
+REAL_DRIVER = os.environ.get("CRIU_GPUSHARE_TEST_DRIVER") == "real"
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1"}
+fake_only = pytest.mark.skipif(REAL_DRIVER, reason="fake driver only (two devices, multicast, or "
+                                                   "entry points a GPU test must not touch)")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 WORKLOAD = os.path.join(HERE, "workload.py")
@@ -49,8 +57,25 @@ def shim_lib(tmp_path_factory) -> str:
 
 
 @pytest.fixture
-def shim_env(fake_env, shim_lib) -> dict:
-    env = dict(fake_env)
+def cuda_env(request) -> dict:
+    """Environment for a CUDA process without the shim: the fake driver, or the real one."""
+    if REAL_DRIVER:
+        return dict(os.environ, **NO_MULTICAST_ENV)
+    return request.getfixturevalue("fake_env")
+
+
+@pytest.fixture
+def kernel_image(tmp_path) -> str:
+    """A file holding the test kernels' image for the driver in use (see kernels.py)."""
+    import kernels
+    path = tmp_path / "kernels.img"
+    path.write_bytes(kernels.PTX if REAL_DRIVER else kernels.FAKE_IMAGE)
+    return str(path)
+
+
+@pytest.fixture
+def shim_env(cuda_env, shim_lib) -> dict:
+    env = dict(cuda_env)
     env["LD_PRELOAD"] = shim_lib
     return env
 

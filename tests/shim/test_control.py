@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import random
 import shutil
 import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -186,11 +188,11 @@ FORK_PROGRAM = textwrap.dedent("""
     assert cu.cuInit(0)[0] == 0
     pid = os.fork()
     if pid == 0:
-        print(os.getpid(), flush=True)
+        os.write(1, b"%d\n" % os.getpid())  # one write: both processes share the pipe
         sys.stdin.readline()
         # CUDA is not usable in a child forked after cuInit; a program it execs is a new start.
         os.execv(sys.executable, [sys.executable, sys.argv[1]])
-    print(os.getpid(), flush=True)
+    os.write(1, b"%d\n" % os.getpid())
     os.waitpid(pid, 0)
 """)
 
@@ -207,10 +209,7 @@ def test_fork_child_drops_the_parents_socket_and_an_exec_starts_its_own(shim_env
     from conftest import WORKLOAD
     p = subprocess.Popen([sys.executable, "-c", FORK_PROGRAM, WORKLOAD], env=shim_env, text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-    lines = []
     try:
-        import threading
-        import queue
         q = queue.Queue()
         threading.Thread(target=lambda: [q.put(x) for x in p.stdout], daemon=True).start()
         pids = {int(q.get(timeout=30)), int(q.get(timeout=30))}
@@ -231,7 +230,6 @@ def test_fork_child_drops_the_parents_socket_and_an_exec_starts_its_own(shim_env
             proc.kill()
         p.kill()
         p.wait(10)
-        del lines
 
 
 def test_server_threads_are_named_for_the_freezer(workload):

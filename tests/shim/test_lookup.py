@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from conftest import REAL_DRIVER
 from criu_gpushare import control
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -33,12 +34,16 @@ def build(tmp_path, source, out, *extra):
 
 
 @pytest.fixture(scope="module")
-def progs(tmp_path_factory, fake_driver_dir):
+def progs(tmp_path_factory, request):
     d = tmp_path_factory.mktemp("progs")
+    # Direct linking needs the library at link time: the fake's build dir, or the system's.
+    link = ["-l:libcuda.so.1"]
+    if not REAL_DRIVER:
+        fake_dir = request.getfixturevalue("fake_driver_dir")
+        link = [f"-L{fake_dir}", "-l:libcuda.so.1", f"-Wl,-rpath,{fake_dir}"]
     return {
         "paths": build(d, "paths.c", "paths"),
-        "paths-direct": build(d, "paths.c", "paths-direct", "-DDIRECT", f"-L{fake_driver_dir}",
-                              "-l:libcuda.so.1", f"-Wl,-rpath,{fake_driver_dir}"),
+        "paths-direct": build(d, "paths.c", "paths-direct", "-DDIRECT", *link),
         "lookup": build(d, "lookup.c", "lookup"),
     }
 
@@ -67,14 +72,14 @@ def test_every_versioned_name_is_wrapped_by_dlsym_and_both_cugetprocaddress(prog
     absent = [r[0] for r in rows if r[1] == "absent"]
     wrong = [r for r in rows if r[1] != "absent" and r[1:] != ["shim"] * 3]
     assert wrong == [], f"lookups that miss the shim: {wrong}"
-    # Names the fake driver does not have cannot be looked up; say which, so a gap is visible.
+    # Names the driver does not have cannot be looked up; say which, so a gap is visible.
     print(f"not in the fake driver ({len(absent)}): {' '.join(absent)}")
     assert len(absent) < len(rows) // 2
 
 
-def test_without_the_shim_lookups_land_in_the_driver(progs, fake_env, shim_lib):
+def test_without_the_shim_lookups_land_in_the_driver(progs, cuda_env, shim_lib):
     res = subprocess.run([progs["lookup"], shim_lib, "cuMemAlloc:cuMemAlloc_v2:13000"],
-                         env=fake_env, capture_output=True, text=True, timeout=60)
+                         env=cuda_env, capture_output=True, text=True, timeout=60)
     assert res.stdout.split() == ["cuMemAlloc_v2", "driver", "driver", "driver"]
 
 
@@ -95,8 +100,8 @@ class Prog:
 
 
 @pytest.mark.parametrize("mode", ["direct", "dlsym", "gpa1", "gpa2", "gpa2-ptds"])
-def test_each_path_is_tracked_and_gated(progs, shim_env, mode):
-    argv = [progs["paths-direct" if mode == "direct" else "paths"], mode]
+def test_each_path_is_tracked_and_gated(progs, shim_env, kernel_image, mode):
+    argv = [progs["paths-direct" if mode == "direct" else "paths"], mode, kernel_image]
     p = Prog(argv, shim_env)
     try:
         ready = p.line(30)

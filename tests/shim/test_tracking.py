@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import fake_only
 from criu_gpushare import control
 from criu_gpushare.errors import ShimError
 
@@ -45,6 +46,7 @@ def test_backing_threshold_is_configurable(workload):
     assert w.status()["allocations"] == []
 
 
+@fake_only
 def test_cumemcreate_gets_fd_capability_and_access_is_merged(workload):
     w = workload()
     r = w.do("cumem buf 2097152 0 0")  # created without any shareable handle type
@@ -115,8 +117,8 @@ def test_fd_import_is_linked_to_its_exporter(workload, tmp_path):
     assert m["id"] == imp["id"]
 
 
-def test_import_from_a_process_without_shim_is_refused_at_quiesce(workload, fake_env, tmp_path):
-    exporter = workload(env=fake_env)  # no shim
+def test_import_from_a_process_without_shim_is_refused_at_quiesce(workload, cuda_env, tmp_path):
+    exporter = workload(env=cuda_env)  # no shim
     importer = workload()
     exporter.do("cumem shared 2097152")
     fd = fd_pass(exporter, importer, "shared", tmp_path)
@@ -169,8 +171,8 @@ def test_legacy_ipc_of_shim_memory_goes_through_the_shim(workload):
     assert st["imports"] == [] and st["mappings"] == []
 
 
-def test_legacy_ipc_of_foreign_memory_is_recorded_as_untracked(workload, fake_env):
-    exporter = workload(env=fake_env)  # no shim: a real driver IPC handle
+def test_legacy_ipc_of_foreign_memory_is_recorded_as_untracked(workload, cuda_env):
+    exporter = workload(env=cuda_env)  # no shim: a real driver IPC handle
     importer = workload()
     exporter.do("malloc buf 4194304")
     handle = exporter.do("ipcget buf")["handle"]
@@ -199,6 +201,7 @@ def test_page_locked_host_memory_is_tracked(workload):
     assert w.status()["host_buffers"] == []
 
 
+@fake_only
 def test_peer_access_is_recorded_and_applied_to_backed_memory(workload):
     w = workload()
     ptr = w.do("malloc remote 2097152 1")["ptr"]  # on device 1
@@ -209,6 +212,7 @@ def test_peer_access_is_recorded_and_applied_to_backed_memory(workload):
     assert sorted(x["location"] for x in m["access"]) == [0, 1]
 
 
+@fake_only
 def test_multicast_objects_and_binds_are_tracked(workload):
     w = workload()
     w.do("cumem buf 2097152")

@@ -1,4 +1,4 @@
-"""A cuda-python workload driven line by line, for the shim tests (runs on the fake or a real GPU).
+"""A cuda-python workload driven line by line, for the shim tests (the fake driver or a real GPU).
 
 Reads one command a line on stdin and answers one JSON line on stdout: {"ok": true, ...} or
 {"ok": false, "error": "<CUresult name or message>"}. Buffers are named; numbers are integers.
@@ -43,6 +43,8 @@ import time
 
 from cuda.bindings import driver as cu
 
+import kernels  # tests/shim/kernels.py: the fake driver's kernels or the same as PTX
+
 FD_TYPE = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
 PROT = {"rw": cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
         "r": cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READ,
@@ -75,7 +77,7 @@ class Workload:
         self.ctxs = {}
         self.ctx = self.primary(0)
         ok(cu.cuCtxSetCurrent(self.ctx))
-        self.module = ok(cu.cuModuleLoadData(b"fakecuda"))
+        self.module = kernels.load_module(cu)
         self.funcs = {k: ok(cu.cuModuleGetFunction(self.module, k.encode()))
                       for k in ("sleep_us", "fill32", "add32")}
         self.stream = ok(cu.cuStreamCreate(0))

@@ -4,6 +4,7 @@
  *   gpa1       cuGetProcAddress (v1), unversioned names (as a CUDA 12.0 program asks)
  *   gpa2       cuGetProcAddress_v2, unversioned names
  *   gpa2-ptds  cuGetProcAddress_v2 with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM
+ * argv[2] is the kernel image (a file: the fake driver's "fakecuda" or PTX with add32).
  * It allocates 4 MiB with cuMemAlloc and prints "READY <ptr>", then for each line on stdin:
  *   launch   add32(+2) on the default stream, synchronize   -> "LAUNCHED"
  *   memset   cuMemsetD32 to 1                                -> "MEMSET"
@@ -61,9 +62,28 @@ __attribute__((unused)) static void *get(const char *unversioned, const char *ve
         }                                                                             \
     } while (0)
 
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        perror(path);
+        exit(2);
+    }
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
 int main(int argc, char **argv)
 {
-    mode = argc > 1 ? argv[1] : "direct";
+    if (argc < 3) {
+        fprintf(stderr, "usage: paths MODE IMAGE\n");
+        return 2;
+    }
+    mode = argv[1];
+    const char *image = read_file(argv[2]);
     lib = dlopen("libcuda.so.1", RTLD_NOW);
     if (!lib) {
         fprintf(stderr, "dlopen: %s\n", dlerror());
@@ -99,7 +119,7 @@ int main(int argc, char **argv)
     CHECK(retain(&ctx, dev));
     CHECK(setcur(ctx));
     CHECK(alloc(&p, 4 << 20));
-    CHECK(load(&mod, "fakecuda"));
+    CHECK(load(&mod, image));
     CHECK(getfn(&add32, mod, "add32"));
     printf("READY %llu\n", (unsigned long long)p);
     fflush(stdout);
