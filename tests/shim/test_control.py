@@ -188,11 +188,11 @@ FORK_PROGRAM = textwrap.dedent("""
     assert cu.cuInit(0)[0] == 0
     pid = os.fork()
     if pid == 0:
-        os.write(1, b"%d\n" % os.getpid())  # one write: both processes share the pipe
+        os.write(1, b"%d\\n" % os.getpid())  # one write: both processes share the pipe
         sys.stdin.readline()
         # CUDA is not usable in a child forked after cuInit; a program it execs is a new start.
         os.execv(sys.executable, [sys.executable, sys.argv[1]])
-    os.write(1, b"%d\n" % os.getpid())
+    os.write(1, b"%d\\n" % os.getpid())
     os.waitpid(pid, 0)
 """)
 
