@@ -415,7 +415,7 @@ static CUresult fk_pointer_attr(CUpointer_attribute attr, uintptr_t p, void *dat
         }
         return CUDA_SUCCESS;
     }
-    int dev = m ? m->phys->dev : 0;
+    int dev = m && m->phys->dev >= 0 ? m->phys->dev : 0; /* a multicast object has no single device */
     switch (attr) {
     case CU_POINTER_ATTRIBUTE_CONTEXT:
         *(CUcontext *)data = m ? (CUcontext)(m->ctx ? m->ctx : &fk.dev[dev].primary) : NULL;
