@@ -10,6 +10,12 @@ cd "$(dirname "$0")/.."
 need_apt=()
 command -v gcc >/dev/null || need_apt+=(gcc libc6-dev)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
+# CRIU >= 4 for the integration tests: Debian 13 packages it (4.1); Debian 12's 3.17 fails on recent
+# kernels, so there those tests skip and say why.
+. /etc/os-release
+if [ "${ID:-}" = debian ] && [ "${VERSION_ID%%.*}" -ge 13 ] 2>/dev/null && ! command -v criu >/dev/null; then
+  need_apt+=(criu)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
