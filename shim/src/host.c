@@ -3,17 +3,18 @@
  * The driver does not restore page-locked host memory everywhere (Grace, driver 580), so the shim
  * must be able to unregister each buffer before a checkpoint and register it again afterwards at
  * the same device pointer. Memory from cuMemHostAlloc/cuMemAllocHost belongs to the driver and
- * cannot be re-registered, so the shim allocates it itself (anonymous mmap) and registers it:
- *   cuMemHostAlloc flags  PORTABLE -> REGISTER_PORTABLE, DEVICEMAP -> REGISTER_DEVICEMAP,
- *                         WRITECOMBINED is dropped (it only affects speed)
- *   cuMemAllocHost        REGISTER_PORTABLE | REGISTER_DEVICEMAP (what unified addressing gives
- *                         cuMemAllocHost memory)
+ * cannot be re-registered, so the shim allocates it itself (anonymous mmap) and registers it with
+ * REGISTER_PORTABLE | REGISTER_DEVICEMAP whatever the flags: with unified addressing the driver's
+ * page-locked allocations are usable from every context and device, so the registration must be
+ * too. WRITECOMBINED is dropped (it only affects speed).
  * If registering fails, the driver's own allocation is used and the buffer is not tracked.
  */
 #include <string.h>
 #include <sys/mman.h>
 
 #include "shim_internal.h"
+
+#define GS_HOST_REGISTER_FLAGS (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
 
 static void record_host(void *p, size_t size, unsigned flags, int owned)
 {
@@ -74,12 +75,7 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
         return real(pp, bytesize, Flags);
     gs_depth++;
     gs_control_ensure();
-    unsigned reg = 0;
-    if (Flags & CU_MEMHOSTALLOC_PORTABLE)
-        reg |= CU_MEMHOSTREGISTER_PORTABLE;
-    if (Flags & CU_MEMHOSTALLOC_DEVICEMAP)
-        reg |= CU_MEMHOSTREGISTER_DEVICEMAP;
-    CUresult r = shim_host_alloc(pp, bytesize, reg);
+    CUresult r = shim_host_alloc(pp, bytesize, GS_HOST_REGISTER_FLAGS);
     if (r != CUDA_SUCCESS)
         r = real(pp, bytesize, Flags);
     gs_depth--;
@@ -95,8 +91,7 @@ CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
         return real(pp, bytesize);
     gs_depth++;
     gs_control_ensure();
-    CUresult r = shim_host_alloc(pp, bytesize,
-                                 CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP);
+    CUresult r = shim_host_alloc(pp, bytesize, GS_HOST_REGISTER_FLAGS);
     if (r != CUDA_SUCCESS)
         r = real(pp, bytesize);
     gs_depth--;

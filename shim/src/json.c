@@ -191,6 +191,8 @@ int gs_json_parse(const char *text, size_t len, struct gs_json *out, char *err, 
             }
             if (!digits)
                 return fail(&r, "bad number");
+            if (v > (unsigned long long)__LONG_LONG_MAX__)
+                return fail(&r, "number too large");
             if (r.p < r.end && (*r.p == '.' || *r.p == 'e' || *r.p == 'E'))
                 return fail(&r, "only integers are accepted");
             f->type = 'i';
