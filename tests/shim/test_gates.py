@@ -69,3 +69,29 @@ def test_quiesce_and_resume_are_idempotent(workload):
     w.do("malloc buf 2097152")
     w.do("fill buf 1")
     w.do("sync")
+
+
+def test_copies_pass_while_launches_drain_then_are_held(workload):
+    """The launch gate closes first: while kernels in flight drain, memory operations still go
+    through (NCCL's proxy thread issues copies its kernels wait for); then they are held too."""
+    import threading
+
+    w = workload()
+    w.do("malloc buf 2097152")
+    w.do("sleep 800000")  # a 0.8 s kernel in flight
+    done = threading.Event()
+    threading.Thread(target=lambda: (control.quiesce(w.pid, timeout_ms=5000), done.set()),
+                     daemon=True).start()
+    time.sleep(0.2)
+    assert w.status()["gates"]["launch"]["closed"] and not done.is_set()
+    t0 = time.monotonic()
+    w.do("memset buf 4", timeout=5)  # not held while the launches drain
+    assert time.monotonic() - t0 < 0.4
+    assert done.wait(10)
+    w.send("memset buf 5")  # now held
+    with pytest.raises(AssertionError, match="no reply"):
+        w.reply(0.4)
+    control.resume(w.pid)
+    assert w.reply(10)["ok"]
+    w.do("sync")
+    assert w.do("read buf 1")["values"] == [5]
