@@ -29,7 +29,9 @@ def main():
 def _register():
     from . import doctor, run
 
-    for cmd in (doctor.doctor, run.run, run.shim_path):
+    from . import suspend
+
+    for cmd in (doctor.doctor, run.run, run.shim_path, suspend.suspend, suspend.resume):
         main.add_command(cmd)
     import importlib
 
