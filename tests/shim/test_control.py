@@ -19,6 +19,7 @@ import pytest
 
 from criu_gpushare import control
 from criu_gpushare.errors import ProcessError, ShimError
+from shimtest import WORKLOAD
 
 ERROR_CODES = {"denied", "bad-request", "busy", "refused", "not-ours", "gone", "unknown-command",
                "failed", "version"}
@@ -206,7 +207,6 @@ def listener_inode(pid):
 
 
 def test_fork_child_drops_the_parents_socket_and_an_exec_starts_its_own(shim_env):
-    from conftest import WORKLOAD
     p = subprocess.Popen([sys.executable, "-c", FORK_PROGRAM, WORKLOAD], env=shim_env, text=True,
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
@@ -242,7 +242,6 @@ def test_server_threads_are_named_for_the_freezer(workload):
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
                     reason="needs root and unshare(1) to make pid and network namespaces")
 def test_workload_in_its_own_pid_and_network_namespaces_is_reached_from_the_host(shim_env):
-    from conftest import WORKLOAD
     outer = subprocess.Popen(["unshare", "--pid", "--net", "--fork", "--mount-proc",
                               sys.executable, WORKLOAD], env=shim_env, text=True,
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -8,11 +8,10 @@ import queue
 import re
 import subprocess
 import threading
-import time
 
 import pytest
 
-from conftest import REAL_DRIVER
+from shimtest import REAL_DRIVER, cuda_include
 from criu_gpushare import control
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -20,13 +19,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 HOOKS_DEF = os.path.join(ROOT, "shim", "include", "hooks.def")
 
 
-def _cuda_include():
-    from conftest import _cuda_include as inc
-    return inc()
-
-
 def build(tmp_path, source, out, *extra):
-    cmd = ["gcc", "-std=gnu11", "-O1", "-Wall", "-Werror", "-I", _cuda_include(),
+    cmd = ["gcc", "-std=gnu11", "-O1", "-Wall", "-Werror", "-I", cuda_include(),
            os.path.join(HERE, "progs", source), "-o", str(tmp_path / out), *extra, "-ldl"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr

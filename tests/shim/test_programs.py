@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from conftest import REAL_DRIVER, Workload
+from shimtest import REAL_DRIVER, Workload
 from criu_gpushare import control
 
 SCRIPT = [

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import fake_only
+from shimtest import fake_only
 from criu_gpushare import control
 from criu_gpushare.errors import ShimError
 
