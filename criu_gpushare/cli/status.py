@@ -58,6 +58,8 @@ def _show(pid, st):
         out(f"  multicast objects: {len(st['multicast'])}, binds: {len(st.get('multicast_binds', []))}")
     for u in st.get("untracked", []):
         out(f"  cannot checkpoint: {u}")
+    for n in st.get("notes", []):
+        out(f"  note: {n}")
 
 
 @click.command()

@@ -22,8 +22,8 @@
  * linked to their exporter (pid, allocation id), cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN backed by
  * exportable cuMem memory, CUDA IPC of that memory served through the shim, page-locked host memory
  * (cuMemHostAlloc/cuMemAllocHost are mmap + register, so they can be re-registered), peer access,
- * multicast objects and binds. Sharing it cannot restore (CUDA IPC of foreign memory, imports with
- * no known exporter, exports of untracked handles) is listed so a checkpoint refuses it.
+ * multicast objects and binds. Imports it cannot restore (CUDA IPC of memory not allocated through
+ * a shim, imports no shim claims as exporter) are listed so a checkpoint refuses them.
  *
  * Gates (quiesce/resume): launch gate = cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
  * cuGraphLaunch; memory gate = copies, memsets, stream memory operations, cuLaunchHostFunc (each

@@ -183,7 +183,7 @@ struct gs_state {
     GS_ARRAY(struct gs_mcbind) mcbinds;
     GS_ARRAY(struct gs_alias) aliases;
     unsigned char peer[GS_MAX_DEV][GS_MAX_DEV]; /* [owner][accessor] enabled by the app */
-    /* Calls the shim saw but cannot restore; a checkpoint refuses while any is live. */
+    /* Sharing this process gave out but cannot identify (a status note; importers refuse). */
     int n_foreign_ipc_exports;
     int n_untracked_exports;
     char last_untracked[256];
@@ -216,8 +216,8 @@ struct gs_map *gs_find_map_at(CUdeviceptr va); /* the mapping containing va */
 int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id);
 /* Forget objects the app released that nothing maps any more; close their export dups. */
 void gs_collect(void);
-/* What a checkpoint must refuse (foreign IPC imports, imports without a known exporter, exports
- * of untracked handles), joined in out. Returns how many kinds; call with the lock held. */
+/* What a checkpoint must refuse (CUDA IPC imports of foreign memory, imports without a known
+ * exporter), joined in out. Returns how many kinds; call with the lock held. */
 #define GS_UNTRACKED_LEN 320
 int gs_untracked(char *out, size_t outlen);
 /* After fork in the child: the driver's objects did not come along. */

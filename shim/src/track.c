@@ -219,6 +219,9 @@ void gs_state_reset_after_fork(void)
 
 /* ---- calls the shim cannot restore ------------------------------------------------------------- */
 
+/* Only what this process itself could not get back counts: sharing it exports but cannot identify
+ * (driver IPC handles, exports of imported handles) is refused in the importer, which sees it as
+ * an import without a known exporter; here it is a note. */
 static int untracked_list(char msgs[4][GS_UNTRACKED_LEN])
 {
     int n = 0, foreign = 0, unresolved = 0;
@@ -236,13 +239,6 @@ static int untracked_list(char msgs[4][GS_UNTRACKED_LEN])
         snprintf(msgs[n++], GS_UNTRACKED_LEN,
                  "%d import(s) of a shareable handle that no process with the shim exported",
                  unresolved);
-    if (gs.n_foreign_ipc_exports)
-        snprintf(msgs[n++], GS_UNTRACKED_LEN,
-                 "%d CUDA IPC handle(s) taken of memory not allocated through the shim",
-                 gs.n_foreign_ipc_exports);
-    if (gs.n_untracked_exports)
-        snprintf(msgs[n++], GS_UNTRACKED_LEN, "%d export(s) of handles the shim does not track "
-                 "(last: %s)", gs.n_untracked_exports, gs.last_untracked);
     return n;
 }
 
@@ -378,6 +374,24 @@ void gs_status_json(struct gs_buf *b)
     for (int i = 0; i < n; i++) {
         gs_buf_printf(b, "%s", i ? "," : "");
         gs_buf_str(b, msgs[i]);
+    }
+    gs_buf_printf(b, "],\"notes\":[");
+    int k = 0;
+    if (gs.n_foreign_ipc_exports) {
+        char msg[160];
+        snprintf(msg, sizeof(msg), "%d CUDA IPC handle(s) of memory not allocated through the "
+                 "shim were given out: their importers cannot be checkpointed",
+                 gs.n_foreign_ipc_exports);
+        gs_buf_str(b, msg);
+        k++;
+    }
+    if (gs.n_untracked_exports) {
+        char msg[400];
+        snprintf(msg, sizeof(msg), "%d export(s) of handles that are not this process's "
+                 "allocations (last: %s): their importers cannot be checkpointed",
+                 gs.n_untracked_exports, gs.last_untracked);
+        gs_buf_printf(b, "%s", k ? "," : "");
+        gs_buf_str(b, msg);
     }
     gs_buf_printf(b, "]");
 }

@@ -178,12 +178,25 @@ def test_legacy_ipc_of_foreign_memory_is_recorded_as_untracked(workload, cuda_en
     handle = exporter.do("ipcget buf")["handle"]
     importer.do(f"ipcopen buf {handle}")
     st = importer.status()
+    assert st["notes"] == []
     assert any("CUDA IPC import(s) of memory not allocated through the shim" in u
                for u in st["untracked"])
     with pytest.raises(ShimError, match="refused"):
         control.quiesce(importer.pid)
     importer.do("ipcclose buf")
     assert importer.status()["untracked"] == []
+
+
+def test_ipc_of_memory_below_the_backing_threshold_is_refused_in_the_importer_only(workload):
+    exporter, importer = workload(), workload()
+    exporter.do("malloc small 65536")  # the driver's own memory: a driver IPC handle
+    handle = exporter.do("ipcget small")["handle"]
+    importer.do(f"ipcopen small {handle} 65536")
+    assert any("CUDA IPC handle(s)" in n for n in exporter.status()["notes"])
+    control.quiesce(exporter.pid)  # the exporter itself can be checkpointed
+    control.resume(exporter.pid)
+    with pytest.raises(ShimError, match="refused.*below the cuMem backing threshold"):
+        control.quiesce(importer.pid)
 
 
 def test_page_locked_host_memory_is_tracked(workload):
