@@ -28,9 +28,9 @@
  * Gates (quiesce/resume): launch gate = cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
  * cuGraphLaunch; memory gate = copies, memsets, stream memory operations, cuLaunchHostFunc (each
  * with its _ptds/_ptsz twin). Not gated: copies to or from CUDA arrays, batched copies, managed
- * prefetch. The drain synchronizes every active primary context; work in contexts from
- * cuCtxCreate is not drained. A host function that calls a gated function while the gates close
- * makes the drain time out (busy), never deadlock.
+ * prefetch. The drain synchronizes every active primary context and every context the program
+ * made with cuCtxCreate (green contexts are not covered). A host function that calls a gated
+ * function while the gates close makes the drain time out (busy), never deadlock.
  *
  * Environment:
  *   CRIU_GPUSHARE_MALLOC_MIN  bytes (default 2097152): cuMemAlloc of at least this much is backed

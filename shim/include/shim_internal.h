@@ -10,6 +10,7 @@
  *   ipc.c      shareable-handle export/import with exporter lookup, legacy CUDA IPC
  *   host.c     page-locked host memory
  *   gates.c    the launch and memory gates, the gated wrappers, the drain
+ *   contexts.c contexts from cuCtxCreate, so the drain reaches them too
  *   control.c  the control socket: server threads, authentication, commands; peer requests
  *   json.c     a small JSON writer and a flat-object reader for the protocol
  */
@@ -41,6 +42,11 @@ enum gs_hook_id {
 void *gs_real_hook(int id);
 /* The driver's own function by name, never one of the shim's wrappers. Loads libcuda if needed. */
 void *gs_real(const char *name);
+
+/* Older entry points cuda.h (CUDA 13) declares only for the driver's own build. */
+CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
+CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                                unsigned int flags, CUdevice dev);
 
 /* The wrappers are exported under the driver's names (direct linking reaches them too). */
 #define GS_DECLARE_EXPORT(name) GS_EXPORT __typeof__(name) name;
@@ -261,6 +267,12 @@ void gs_gates_status(struct gs_buf *b);
 void gs_gates_reset_after_fork(void);
 /* Synchronizes every active primary context, waiting at most ms. 0 = done. */
 int gs_sync_all(int ms, char *err, size_t errlen);
+
+/* ---- contexts.c -------------------------------------------------------------------------------- */
+
+/* Synchronizes every context the program created with cuCtxCreate (the drain's second half). */
+CUresult gs_sync_created_contexts(char *what, size_t whatlen);
+void gs_contexts_reset_after_fork(void);
 
 /* ---- control.c --------------------------------------------------------------------------------- */
 

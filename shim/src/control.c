@@ -496,6 +496,7 @@ static void after_fork_child(void)
     n_workers = 0;
     gs_state_reset_after_fork();
     gs_gates_reset_after_fork();
+    gs_contexts_reset_after_fork();
 }
 
 __attribute__((constructor)) static void control_init(void)

@@ -112,7 +112,8 @@ void gs_gates_open(void)
     pthread_mutex_unlock(&gate_mu);
 }
 
-/* ---- drain: synchronize every active primary context, in a thread of its own ------------------ */
+/* ---- drain: synchronize every active primary context and every context the program created, in
+ * a thread of its own ------------------------------------------------------------------------------ */
 
 /* The synchronize can outlast the caller's timeout; it keeps running in its thread, and the next
  * attempt waits for it before starting another. */
@@ -157,7 +158,7 @@ static CUresult sync_contexts(char *what, size_t whatlen)
         if (r != CUDA_SUCCESS)
             return r;
     }
-    return CUDA_SUCCESS;
+    return gs_sync_created_contexts(what, whatlen);
 }
 
 static void *sync_main(void *arg)

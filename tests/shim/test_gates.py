@@ -45,6 +45,17 @@ def test_quiesce_waits_for_work_in_flight(workload):
     assert w.do("read buf 2")["values"] == [6, 6]
 
 
+def test_quiesce_drains_contexts_the_program_created(workload):
+    w = workload()
+    w.do("newctx")
+    w.do("malloc buf 2097152")
+    w.do("sleep 600000")
+    t0 = time.monotonic()
+    control.quiesce(w.pid, timeout_ms=5000)
+    assert time.monotonic() - t0 >= 0.4, "a created context was not drained"
+    control.resume(w.pid)
+
+
 def test_quiesce_that_cannot_drain_is_busy_and_reopens_the_gates(workload):
     w = workload()
     w.do("malloc buf 2097152")

@@ -20,6 +20,7 @@ Reads one command a line on stdin and answers one JSON line on stdout: {"ok": tr
   fill NAME VALUE / add NAME VALUE   kernel over NAME on the worker stream (not waited for)
   memset NAME VALUE              cuMemsetD32Async on the worker stream (not waited for)
   sleep US                       sleep_us kernel on the worker stream (not waited for)
+  newctx                         cuCtxCreate; later work runs in that context
   sync                           cuStreamSynchronize(worker stream)
   read NAME [COUNT]              cuMemcpyDtoH of COUNT uint32 (default 4)   -> values
   hammer SECONDS THREADS         THREADS threads each loop {launch add32 +1, async copy} on its
@@ -225,6 +226,15 @@ class Workload:
 
     def cmd_sleep(self, us):
         self.launch("sleep_us", (int(us),), (ctypes.c_uint64,))
+
+    def cmd_newctx(self):
+        """Moves the work (kernels, stream) to a context of its own from cuCtxCreate."""
+        self.ctx = ok(cu.cuCtxCreate(None, 0, ok(cu.cuDeviceGet(0))))
+        ok(cu.cuCtxSetCurrent(self.ctx))
+        self.module = kernels.load_module(cu)
+        self.funcs = {k: ok(cu.cuModuleGetFunction(self.module, k.encode()))
+                      for k in ("sleep_us", "fill32", "add32")}
+        self.stream = ok(cu.cuStreamCreate(0))
 
     def cmd_sync(self):
         ok(cu.cuStreamSynchronize(self.stream))
