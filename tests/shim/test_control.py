@@ -261,3 +261,22 @@ def test_workload_in_its_own_pid_and_network_namespaces_is_reached_from_the_host
     finally:
         outer.kill()
         outer.wait()
+
+
+def test_a_process_that_never_uses_cuda_gets_no_socket_and_no_threads(shim_env):
+    code = ("import ctypes, os, sys\n"
+            "libc = ctypes.CDLL(None)\n"
+            "assert libc.getpid() == os.getpid()  # dlsym of ordinary names is untouched\n"
+            "print(len(os.listdir('/proc/self/task')), flush=True)\n"
+            "sys.stdin.readline()\n")
+    p = subprocess.Popen([sys.executable, "-c", code], env=shim_env, text=True,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert int(p.stdout.readline()) == 1
+        assert p.pid not in control.shim_pids()
+    finally:
+        p.stdin.close()
+        p.wait(10)
+    assert p.returncode == 0
+    out = subprocess.run(["sh", "-c", "echo hello"], env=shim_env, capture_output=True, text=True)
+    assert out.stdout == "hello\n" and out.stderr == ""
