@@ -148,10 +148,13 @@ struct gs_host {
     int dropped;
 };
 
+/* A multicast object: created here (creator_pid 0), or imported from its creator. */
 struct gs_mcast {
     uint64_t id;
     CUmemGenericAllocationHandle h;
-    CUmulticastObjectProp prop;
+    CUmulticastObjectProp prop; /* creator only */
+    pid_t creator_pid;
+    uint64_t creator_id;
     int n_devs;
     int devs[GS_MAX_DEV];
     int app_released;
@@ -292,7 +295,8 @@ void gs_thread_init(void);
 /* ---- ipc.c ------------------------------------------------------------------------------------- */
 
 /* Server side of the peer commands. */
-int gs_whose_fd(int fd, uint64_t *id, char *err, size_t errlen);
+/* Which of this process's allocations or multicast objects (*is_mc) an fd is an export of. */
+int gs_whose_fd(int fd, uint64_t *id, int *is_mc, char *err, size_t errlen);
 int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen);
 /* Tries again to find the exporters of imports made before their exporter was known. Returns the
  * number still unresolved, or -1 if the state lock stayed busy. Call without the state lock (it

@@ -292,14 +292,16 @@ static void cmd_whose(int sock, const int *fds, int nfds)
         return;
     }
     uint64_t id;
+    int is_mc = 0;
     char err[128];
-    int r = gs_whose_fd(fds[0], &id, err, sizeof(err));
+    int r = gs_whose_fd(fds[0], &id, &is_mc, err, sizeof(err));
     if (r) {
         reply_error(sock, r == -2 ? "busy" : "not-ours", err);
         return;
     }
     struct gs_buf b = {0};
-    gs_buf_printf(&b, "\"id\":%llu", (unsigned long long)id);
+    gs_buf_printf(&b, "\"id\":%llu,\"multicast\":%s", (unsigned long long)id,
+                  is_mc ? "true" : "false");
     reply_ok(sock, &b, -1);
     gs_buf_free(&b);
 }

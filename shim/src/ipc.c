@@ -55,19 +55,23 @@ static int same_file(int a, int b)
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-int gs_whose_fd(int fd, uint64_t *id, char *err, size_t errlen)
+int gs_whose_fd(int fd, uint64_t *id, int *is_mc, char *err, size_t errlen)
 {
     if (gs_lock_timed(2000)) {
         snprintf(err, errlen, "busy (state lock)");
         return -2;
     }
     int found = -1;
-    for (size_t i = 0; i < gs.exports.n; i++) {
+    for (size_t i = 0; i < gs.exports.n && found; i++) {
         struct gs_export *e = &gs.exports.v[i];
-        if (e->kind == GS_OBJ_ALLOC && e->obj_id && same_file(fd, e->fd)) {
+        if (!e->obj_id || !same_file(fd, e->fd))
+            continue;
+        struct gs_mcast *mc = e->kind == GS_OBJ_MCAST ? gs_find_mcast_id(e->obj_id) : NULL;
+        /* Ids are per creator: an importer's re-export of a multicast object is not claimed. */
+        if (e->kind == GS_OBJ_ALLOC || (mc && !mc->creator_pid)) {
             *id = e->obj_id;
+            *is_mc = e->kind == GS_OBJ_MCAST;
             found = 0;
-            break;
         }
     }
     gs_unlock();
@@ -145,8 +149,8 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
     return 0;
 }
 
-/* Reads "id" from a reply {"v":1,"ok":true,"id":N}. */
-static int reply_id(const char *reply, uint64_t *id)
+/* Reads "id" (and "multicast") from a reply {"v":1,"ok":true,"id":N,"multicast":B}. */
+static int reply_id(const char *reply, uint64_t *id, int *is_mc)
 {
     struct gs_json j;
     char err[128];
@@ -154,17 +158,19 @@ static int reply_id(const char *reply, uint64_t *id)
         return -1;
     const struct gs_json_field *ok = gs_json_get(&j, "ok", 'b');
     const struct gs_json_field *f = gs_json_get(&j, "id", 'i');
+    const struct gs_json_field *mc = gs_json_get(&j, "multicast", 'b');
     if (!ok || !ok->num || !f || f->num <= 0)
         return -1;
     *id = (uint64_t)f->num;
+    *is_mc = mc && mc->num;
     return 0;
 }
 
 /* Who exported this fd: this process, or a peer with the shim. Call without the state lock. */
-static int find_exporter(int fd, pid_t *pid, uint64_t *id)
+static int find_exporter(int fd, pid_t *pid, uint64_t *id, int *is_mc)
 {
     char err[128];
-    if (gs_whose_fd(fd, id, err, sizeof(err)) == 0) {
+    if (gs_whose_fd(fd, id, is_mc, err, sizeof(err)) == 0) {
         *pid = getpid();
         return 0;
     }
@@ -176,7 +182,7 @@ static int find_exporter(int fd, pid_t *pid, uint64_t *id)
         if (pids[i] == getpid())
             continue;
         if (gs_peer_request(pids[i], req, fd, reply, sizeof(reply), NULL, 2000) == 0 &&
-            reply_id(reply, id) == 0) {
+            reply_id(reply, id, is_mc) == 0) {
             *pid = pids[i];
             return 0;
         }
@@ -209,7 +215,8 @@ int gs_resolve_pending_imports(void)
     for (int k = 0; k < n; k++) {
         pid_t pid;
         uint64_t eid;
-        int found = find_exporter(todo[k].fd, &pid, &eid) == 0;
+        int is_mc;
+        int found = find_exporter(todo[k].fd, &pid, &eid, &is_mc) == 0;
         close(todo[k].fd);
         if (!found || gs_lock_timed(2000))
             continue;
@@ -252,12 +259,14 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
         gs_lock();
         uint64_t id;
         int kind = gs_classify_handle(handle, &id);
-        if (kind != GS_OBJ_ALLOC) {
+        struct gs_mcast *mc = kind == GS_OBJ_MCAST ? gs_find_mcast_id(id) : NULL;
+        if (kind != GS_OBJ_ALLOC && !(mc && !mc->creator_pid)) {
             gs.n_untracked_exports++;
             snprintf(gs.last_untracked, sizeof(gs.last_untracked),
                      "cuMemExportToShareableHandle of %s handle 0x%llx",
-                     kind == GS_OBJ_IMPORT ? "imported" : kind == GS_OBJ_MCAST ? "multicast"
-                                                                              : "an unknown",
+                     kind == GS_OBJ_IMPORT  ? "imported"
+                     : kind == GS_OBJ_MCAST ? "joined multicast"
+                                            : "an unknown",
                      (unsigned long long)handle);
         }
         if (dup >= 0) {
@@ -292,13 +301,25 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     gs_control_ensure();
     pid_t pid = 0;
     uint64_t eid = 0;
-    int keep = -1;
+    int keep = -1, is_mc = 0;
     if (shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         int fd = (int)(intptr_t)osHandle;
-        if (find_exporter(fd, &pid, &eid))
+        if (find_exporter(fd, &pid, &eid, &is_mc))
             keep = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* ask again at quiesce */
     }
     gs_lock();
+    if (is_mc) {
+        /* A multicast object joined from its creator: devices and binds are tracked on it. */
+        struct gs_mcast *mc = GS_PUSH(gs.mcasts);
+        memset(mc, 0, sizeof(*mc));
+        mc->id = gs_new_id();
+        mc->h = *handle;
+        mc->creator_pid = pid;
+        mc->creator_id = eid;
+        gs_unlock();
+        gs_depth--;
+        return r;
+    }
     struct gs_import *im = GS_PUSH(gs.imports);
     memset(im, 0, sizeof(*im));
     im->id = gs_new_id();

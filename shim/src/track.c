@@ -351,8 +351,14 @@ void gs_status_json(struct gs_buf *b)
     gs_buf_printf(b, "],\"multicast\":[");
     for (size_t i = 0; i < gs.mcasts.n; i++) {
         const struct gs_mcast *mc = &gs.mcasts.v[i];
-        gs_buf_printf(b, "%s{\"id\":%llu,\"size\":%zu,\"num_devices\":%u,\"devices\":[", i ? "," : "",
-                      (unsigned long long)mc->id, mc->prop.size, mc->prop.numDevices);
+        gs_buf_printf(b, "%s{\"id\":%llu,\"size\":%zu,\"num_devices\":%u,\"creator\":",
+                      i ? "," : "", (unsigned long long)mc->id, mc->prop.size, mc->prop.numDevices);
+        if (mc->creator_pid)
+            gs_buf_printf(b, "{\"pid\":%d,\"id\":%llu}", (int)mc->creator_pid,
+                          (unsigned long long)mc->creator_id);
+        else
+            gs_buf_printf(b, "null");
+        gs_buf_printf(b, ",\"devices\":[");
         for (int d = 0; d < mc->n_devs; d++)
             gs_buf_printf(b, "%s%d", d ? "," : "", mc->devs[d]);
         gs_buf_printf(b, "],\"app_released\":%s}", mc->app_released ? "true" : "false");

@@ -239,3 +239,22 @@ def test_multicast_objects_and_binds_are_tracked(workload):
     assert bind["multicast"] == mc["id"] and bind["allocation"] == st["allocations"][0]["id"]
     w.do("unbind buf")
     assert w.status()["multicast_binds"] == []
+
+
+@fake_only
+def test_joined_multicast_object_is_linked_to_its_creator(workload, tmp_path):
+    creator, member = workload(), workload()
+    creator.do("cumem buf 2097152")
+    creator.do("mc buf")
+    path = str(tmp_path / "mc.sock")
+    member.do(f"listen {path}")
+    fd = creator.do("mcexport buf")["fd"]
+    creator.do(f"sendfd {fd} {path}")
+    member.do(f"mcimport group {member.do('recvfd')['fd']}")
+    (mc,) = creator.status()["multicast"]
+    assert mc["creator"] is None and creator.status()["notes"] == []
+    st = member.status()
+    assert st["imports"] == [] and st["untracked"] == []
+    (joined,) = st["multicast"]
+    assert joined["creator"] == {"pid": creator.pid, "id": mc["id"]}
+    assert joined["devices"] == [1]

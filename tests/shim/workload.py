@@ -28,6 +28,8 @@ Reads one command a line on stdin and answers one JSON line on stdout: {"ok": tr
   mc NAME                        multicast object of NAME's size (1 device), add device 0, bind
                                  NAME's handle                              -> handle
   unbind NAME                    cuMulticastUnbind of that bind
+  mcexport NAME                  export NAME's multicast object as a POSIX fd -> fd
+  mcimport NAME FD               import a multicast object, add device 1
   exit
 """
 from __future__ import annotations
@@ -301,6 +303,14 @@ class Workload:
         ok(cu.cuMulticastBindMem(mc, 0, b["handle"], 0, b["size"], 0))
         b["mc"] = mc
         return {"handle": int(mc)}
+
+    def cmd_mcexport(self, name):
+        return {"fd": int(ok(cu.cuMemExportToShareableHandle(self.bufs[name]["mc"], FD_TYPE, 0)))}
+
+    def cmd_mcimport(self, name, fd):
+        mc = ok(cu.cuMemImportFromShareableHandle(int(fd), FD_TYPE))
+        ok(cu.cuMulticastAddDevice(mc, ok(cu.cuDeviceGet(1))))
+        self.bufs[name] = {"mc": mc}
 
     def cmd_unbind(self, name):
         b = self.bufs[name]
