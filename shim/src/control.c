@@ -418,10 +418,10 @@ static int peer_allowed(int sock, char *why, size_t whylen)
     return 0;
 }
 
-/* Reads (and drops) the request before answering: closing a unix socket with unread data would
- * reset the connection and the client would never see why it was refused. A client that sends
+/* Answers without serving: reads (and drops) the request first, because closing a unix socket
+ * with unread data resets the connection and the client would never see why. A client that sends
  * nothing holds the accept thread for at most GS_DENY_WAIT_MS. */
-static void refuse(int sock, const char *why)
+static void refuse(int sock, const char *code, const char *why)
 {
     char buf[256];
     int fds[GS_MAX_FDS], nfds = 0, trunc, ctrunc;
@@ -429,7 +429,7 @@ static void refuse(int sock, const char *why)
     if (recv_record(sock, buf, sizeof(buf), fds, &nfds, &trunc, &ctrunc) >= 0)
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
-    reply_error(sock, "denied", why);
+    reply_error(sock, code, why);
     close(sock);
 }
 
@@ -450,14 +450,13 @@ static void *accept_main(void *arg)
         set_timeouts(sock, GS_REQ_TIMEOUT_MS, GS_REPLY_TIMEOUT_MS);
         char why[160];
         if (!peer_allowed(sock, why, sizeof(why))) {
-            refuse(sock, why);
+            refuse(sock, "denied", why);
             continue;
         }
         if (__atomic_add_fetch(&n_workers, 1, __ATOMIC_SEQ_CST) > GS_MAX_WORKERS ||
             gs_start_thread(worker_main, (void *)(intptr_t)sock)) {
             __atomic_sub_fetch(&n_workers, 1, __ATOMIC_SEQ_CST);
-            reply_error(sock, "busy", "too many requests at once");
-            close(sock);
+            refuse(sock, "busy", "too many requests at once");
         }
     }
 }

@@ -280,3 +280,22 @@ def test_a_process_that_never_uses_cuda_gets_no_socket_and_no_threads(shim_env):
     assert p.returncode == 0
     out = subprocess.run(["sh", "-c", "echo hello"], env=shim_env, capture_output=True, text=True)
     assert out.stdout == "hello\n" and out.stderr == ""
+
+
+def test_too_many_requests_at_once_get_busy_and_the_workload_goes_on(workload):
+    w = workload()
+    hangers = []
+    try:
+        for _ in range(16):  # every worker waits for a request that never comes
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(f"\0criu-gpushare.{w.pid}")
+            hangers.append(s)
+        time.sleep(0.2)
+        reply = raw(w.pid, b'{"v":1,"cmd":"status"}')
+        assert reply["error"] == "busy" and "too many" in reply["reason"]
+        w.do("malloc buf 2097152")
+    finally:
+        for s in hangers:
+            s.close()
+    time.sleep(0.3)
+    assert control.status(w.pid)["allocations"]
