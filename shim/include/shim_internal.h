@@ -266,6 +266,8 @@ enum gs_gate_id { GS_GATE_LAUNCH = 0, GS_GATE_MEMORY = 1 };
  * -1 = busy (reason in err). */
 int gs_quiesce(int timeout_ms, char *err, size_t errlen);
 void gs_gates_open(void);
+/* Opens both gates once any quiesce in progress has finished. */
+void gs_resume(void);
 void gs_gates_status(struct gs_buf *b);
 void gs_gates_reset_after_fork(void);
 /* Synchronizes every active primary context, waiting at most ms. 0 = done. */

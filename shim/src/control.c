@@ -375,7 +375,7 @@ static void serve(int sock)
     else if (!strcmp(cmd->str, "quiesce"))
         cmd_quiesce(sock, &req);
     else if (!strcmp(cmd->str, "resume")) {
-        gs_gates_open();
+        gs_resume();
         struct gs_buf b = {0};
         gs_buf_printf(&b, "\"resumed\":true");
         reply_ok(sock, &b, -1);

@@ -234,6 +234,14 @@ busy:
     return -1;
 }
 
+void gs_resume(void)
+{
+    /* After a quiesce in progress, not in the middle of it (it would close the gates again). */
+    pthread_mutex_lock(&quiesce_mu);
+    gs_gates_open();
+    pthread_mutex_unlock(&quiesce_mu);
+}
+
 void gs_gates_status(struct gs_buf *b)
 {
     gs_buf_printf(b,
