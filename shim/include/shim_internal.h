@@ -297,8 +297,13 @@ void gs_thread_init(void);
 /* ---- ipc.c ------------------------------------------------------------------------------------- */
 
 /* Server side of the peer commands. */
-/* Which of this process's allocations or multicast objects (*is_mc) an fd is an export of. */
-int gs_whose_fd(int fd, uint64_t *id, int *is_mc, char *err, size_t errlen);
+/* What an exported fd is: one of this process's allocations or multicast objects. */
+struct gs_origin {
+    uint64_t id;
+    int is_mc;
+    size_t size;
+};
+int gs_whose_fd(int fd, struct gs_origin *out, char *err, size_t errlen);
 int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen);
 /* Tries again to find the exporters of imports made before their exporter was known. Returns the
  * number still unresolved, or -1 if the state lock stayed busy. Call without the state lock (it

@@ -80,6 +80,11 @@ static void record_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericA
     m->offset = offset;
     m->h = h;
     m->kind = gs_classify_handle(h, &m->obj_id);
+    if (m->kind == GS_OBJ_IMPORT) { /* the exporter's size is not known yet: the mapping tells */
+        struct gs_import *im = gs_find_import_h(h);
+        if (im && im->size < offset + size)
+            im->size = offset + size;
+    }
 }
 
 static void forget_maps(CUdeviceptr va, size_t size)

@@ -291,17 +291,16 @@ static void cmd_whose(int sock, const int *fds, int nfds)
         reply_error(sock, "bad-request", "whose takes exactly one fd");
         return;
     }
-    uint64_t id;
-    int is_mc = 0;
+    struct gs_origin o;
     char err[128];
-    int r = gs_whose_fd(fds[0], &id, &is_mc, err, sizeof(err));
+    int r = gs_whose_fd(fds[0], &o, err, sizeof(err));
     if (r) {
         reply_error(sock, r == -2 ? "busy" : "not-ours", err);
         return;
     }
     struct gs_buf b = {0};
-    gs_buf_printf(&b, "\"id\":%llu,\"multicast\":%s", (unsigned long long)id,
-                  is_mc ? "true" : "false");
+    gs_buf_printf(&b, "\"id\":%llu,\"multicast\":%s,\"size\":%zu", (unsigned long long)o.id,
+                  o.is_mc ? "true" : "false", o.size);
     reply_ok(sock, &b, -1);
     gs_buf_free(&b);
 }

@@ -55,7 +55,7 @@ static int same_file(int a, int b)
     return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
-int gs_whose_fd(int fd, uint64_t *id, int *is_mc, char *err, size_t errlen)
+int gs_whose_fd(int fd, struct gs_origin *out, char *err, size_t errlen)
 {
     if (gs_lock_timed(2000)) {
         snprintf(err, errlen, "busy (state lock)");
@@ -67,10 +67,12 @@ int gs_whose_fd(int fd, uint64_t *id, int *is_mc, char *err, size_t errlen)
         if (!e->obj_id || !same_file(fd, e->fd))
             continue;
         struct gs_mcast *mc = e->kind == GS_OBJ_MCAST ? gs_find_mcast_id(e->obj_id) : NULL;
+        struct gs_alloc *a = e->kind == GS_OBJ_ALLOC ? gs_find_alloc_id(e->obj_id) : NULL;
         /* Ids are per creator: an importer's re-export of a multicast object is not claimed. */
-        if (e->kind == GS_OBJ_ALLOC || (mc && !mc->creator_pid)) {
-            *id = e->obj_id;
-            *is_mc = e->kind == GS_OBJ_MCAST;
+        if (a || (mc && !mc->creator_pid)) {
+            out->id = e->obj_id;
+            out->is_mc = mc != NULL;
+            out->size = a ? a->size : mc->prop.size;
             found = 0;
         }
     }
@@ -149,8 +151,8 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
     return 0;
 }
 
-/* Reads "id" (and "multicast") from a reply {"v":1,"ok":true,"id":N,"multicast":B}. */
-static int reply_id(const char *reply, uint64_t *id, int *is_mc)
+/* Reads a reply {"v":1,"ok":true,"id":N,"multicast":B,"size":S}. */
+static int reply_origin(const char *reply, struct gs_origin *out)
 {
     struct gs_json j;
     char err[128];
@@ -159,18 +161,20 @@ static int reply_id(const char *reply, uint64_t *id, int *is_mc)
     const struct gs_json_field *ok = gs_json_get(&j, "ok", 'b');
     const struct gs_json_field *f = gs_json_get(&j, "id", 'i');
     const struct gs_json_field *mc = gs_json_get(&j, "multicast", 'b');
+    const struct gs_json_field *size = gs_json_get(&j, "size", 'i');
     if (!ok || !ok->num || !f || f->num <= 0)
         return -1;
-    *id = (uint64_t)f->num;
-    *is_mc = mc && mc->num;
+    out->id = (uint64_t)f->num;
+    out->is_mc = mc && mc->num;
+    out->size = size && size->num > 0 ? (size_t)size->num : 0;
     return 0;
 }
 
 /* Who exported this fd: this process, or a peer with the shim. Call without the state lock. */
-static int find_exporter(int fd, pid_t *pid, uint64_t *id, int *is_mc)
+static int find_exporter(int fd, pid_t *pid, struct gs_origin *origin)
 {
     char err[128];
-    if (gs_whose_fd(fd, id, is_mc, err, sizeof(err)) == 0) {
+    if (gs_whose_fd(fd, origin, err, sizeof(err)) == 0) {
         *pid = getpid();
         return 0;
     }
@@ -182,7 +186,7 @@ static int find_exporter(int fd, pid_t *pid, uint64_t *id, int *is_mc)
         if (pids[i] == getpid())
             continue;
         if (gs_peer_request(pids[i], req, fd, reply, sizeof(reply), NULL, 2000) == 0 &&
-            reply_id(reply, id, is_mc) == 0) {
+            reply_origin(reply, origin) == 0) {
             *pid = pids[i];
             return 0;
         }
@@ -214,9 +218,8 @@ int gs_resolve_pending_imports(void)
     gs_unlock();
     for (int k = 0; k < n; k++) {
         pid_t pid;
-        uint64_t eid;
-        int is_mc;
-        int found = find_exporter(todo[k].fd, &pid, &eid, &is_mc) == 0;
+        struct gs_origin o;
+        int found = find_exporter(todo[k].fd, &pid, &o) == 0;
         close(todo[k].fd);
         if (!found || gs_lock_timed(2000))
             continue;
@@ -224,7 +227,9 @@ int gs_resolve_pending_imports(void)
             struct gs_import *im = &gs.imports.v[i];
             if (im->id == todo[k].id && !im->exporter_pid) {
                 im->exporter_pid = pid;
-                im->exporter_id = eid;
+                im->exporter_id = o.id;
+                if (o.size)
+                    im->size = o.size;
                 if (im->unresolved_fd >= 0)
                     close(im->unresolved_fd);
                 im->unresolved_fd = -1;
@@ -300,22 +305,23 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     }
     gs_control_ensure();
     pid_t pid = 0;
-    uint64_t eid = 0;
-    int keep = -1, is_mc = 0;
+    struct gs_origin o = {0, 0, 0};
+    int keep = -1;
     if (shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) {
         int fd = (int)(intptr_t)osHandle;
-        if (find_exporter(fd, &pid, &eid, &is_mc))
+        if (find_exporter(fd, &pid, &o))
             keep = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* ask again at quiesce */
     }
     gs_lock();
-    if (is_mc) {
+    if (o.is_mc) {
         /* A multicast object joined from its creator: devices and binds are tracked on it. */
         struct gs_mcast *mc = GS_PUSH(gs.mcasts);
         memset(mc, 0, sizeof(*mc));
         mc->id = gs_new_id();
         mc->h = *handle;
         mc->creator_pid = pid;
-        mc->creator_id = eid;
+        mc->creator_id = o.id;
+        mc->prop.size = o.size;
         gs_unlock();
         gs_depth--;
         return r;
@@ -326,7 +332,8 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     im->kind = GS_IMPORT_FD;
     im->h = *handle;
     im->exporter_pid = pid;
-    im->exporter_id = eid;
+    im->exporter_id = o.id;
+    im->size = o.size; /* 0 until the exporter is known, or the first mapping tells */
     im->unresolved_fd = keep;
     gs_unlock();
     gs_depth--;

@@ -110,7 +110,7 @@ def test_fd_import_is_linked_to_its_exporter(workload, tmp_path):
     alloc_id = exporter.status()["allocations"][0]["id"]
     st = importer.status()
     (imp,) = st["imports"]
-    assert imp["kind"] == "posix-fd"
+    assert imp["kind"] == "posix-fd" and imp["size"] == 2097152
     assert imp["exporter"] == {"pid": exporter.pid, "id": alloc_id}
     assert st["untracked"] == []
     m = next(m for m in st["mappings"] if m["object"] == "import")
