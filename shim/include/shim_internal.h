@@ -100,6 +100,7 @@ struct gs_alloc {
     unsigned long long handle_types; /* requested, after the shim added POSIX fd */
     CUdeviceptr va;                  /* ORIGIN_MALLOC: the pointer cuMemAlloc returned */
     int app_released;                /* cuMemRelease done (mappings may keep it alive) */
+    int ipc_handles;                 /* shim CUDA IPC handles given out for it */
     int dropped;                     /* for the suspend issue: released by the shim */
 };
 

@@ -363,6 +363,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
         w.size = a->size;
         w.offset = dptr - a->va;
         w.dev = a->dev;
+        a->ipc_handles++;
     }
     gs_unlock();
     CUresult r;

@@ -289,11 +289,11 @@ void gs_status_json(struct gs_buf *b)
             n_exp += gs.exports.v[j].kind == GS_OBJ_ALLOC && gs.exports.v[j].obj_id == a->id;
         gs_buf_printf(b,
                       "%s{\"id\":%llu,\"origin\":\"%s\",\"device\":%d,\"size\":%zu,"
-                      "\"va\":%llu,\"handle_types\":%llu,\"exports\":%d,\"app_released\":%s,"
-                      "\"dropped\":%s}",
+                      "\"va\":%llu,\"handle_types\":%llu,\"exports\":%d,\"ipc_handles\":%d,"
+                      "\"app_released\":%s,\"dropped\":%s}",
                       i ? "," : "", (unsigned long long)a->id,
                       a->origin == GS_ORIGIN_MALLOC ? "cuMemAlloc" : "cuMemCreate", a->dev, a->size,
-                      (unsigned long long)a->va, a->handle_types, n_exp,
+                      (unsigned long long)a->va, a->handle_types, n_exp, a->ipc_handles,
                       a->app_released ? "true" : "false", a->dropped ? "true" : "false");
     }
     gs_buf_printf(b, "],\"mappings\":[");

@@ -160,7 +160,9 @@ def test_legacy_ipc_of_shim_memory_goes_through_the_shim(workload):
     importer.do("sync")
     assert exporter.do("read buf 1")["values"] == [100]
 
-    alloc_id = exporter.status()["allocations"][0]["id"]
+    (alloc,) = exporter.status()["allocations"]
+    assert alloc["ipc_handles"] == 1
+    alloc_id = alloc["id"]
     st = importer.status()
     (imp,) = st["imports"]
     assert imp["kind"] == "cuda-ipc" and imp["va"] == ptr
