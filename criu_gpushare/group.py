@@ -30,7 +30,8 @@ class Member:
     @property
     def shares(self):
         s = self.status or {}
-        return bool(s.get("imports") or any(a.get("exports") for a in s.get("allocations", [])))
+        return bool(s.get("imports") or any(a.get("exports") or a.get("ipc_handles")
+                                            for a in s.get("allocations", [])))
 
 
 @dataclasses.dataclass(frozen=True)
