@@ -8,6 +8,8 @@ without the shim alternate, R times each, and the table shows the medians and th
   launch  N launches of an empty kernel on one stream, then a synchronize (per-launch cost)
   copy    N round trips of an M MiB buffer, pinned host <-> device, async on one stream (bandwidth)
   small   N 4 KiB host-to-device async copies (per-copy-call cost)
+  launch-c  the launch loop in C (bench/launch_loop.c, built here with gcc): no Python in the loop,
+          so the figure is the CPU cost of a launch itself, which is all the shim can add to
 The kernel is PTX on a real GPU, or the fake driver's when libcuda.so.1 is the test double
 (LD_LIBRARY_PATH=<tests/fakecuda build dir>). NVLink multicast stays off in every child.
 """
@@ -98,13 +100,33 @@ def child(args):
     print(json.dumps(result))
 
 
+def build_launch_loop(workdir):
+    """Compile bench/launch_loop.c and write the kernel image it loads; (binary, image)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    include = next((d for d in (os.path.join(os.environ.get("CUDA_HOME", "/nonexistent"), "include"),
+                                "/usr/local/cuda/include") if os.path.isfile(os.path.join(d, "cuda.h"))), None)
+    if include is None:
+        raise SystemExit("launch-c needs cuda.h (set CUDA_HOME)")
+    exe = os.path.join(workdir, "launch_loop")
+    subprocess.run(["gcc", "-O2", "-I", include, "-o", exe, os.path.join(here, "launch_loop.c"), "-ldl"],
+                   check=True)
+    image = os.path.join(workdir, "kernel.img")
+    fake = "fakecuda" in os.environ.get("LD_LIBRARY_PATH", "")
+    with open(image, "wb") as f:
+        f.write(b"fakecuda" if fake else PTX)
+    return exe, image
+
+
 def run_child(kind, args, preload):
     env = dict(os.environ, **NO_MULTICAST_ENV)
     rest = [p for p in env.get("LD_PRELOAD", "").split() if "criu_gpushare" not in p]
     env["LD_PRELOAD"] = " ".join(([preload] if preload else []) + rest)
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
-           "--launches", str(args.launches), "--copies", str(args.copies),
-           "--copy-mib", str(args.copy_mib), "--small", str(args.small)]
+    if kind == "launch-c":
+        cmd = [*args.launch_loop, str(args.launches * 5)]
+    else:
+        cmd = [sys.executable, os.path.abspath(__file__), "--child", kind,
+               "--launches", str(args.launches), "--copies", str(args.copies),
+               "--copy-mib", str(args.copy_mib), "--small", str(args.small)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if res.returncode:
         raise SystemExit(f"{kind} ({'shim' if preload else 'plain'}) failed: {res.stderr.strip()}")
@@ -118,7 +140,7 @@ def main():
     ap.add_argument("--copy-mib", type=int, default=64)
     ap.add_argument("--small", type=int, default=100000, help="4 KiB copies")
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--only", choices=("launch", "copy", "small"), action="append")
+    ap.add_argument("--only", choices=("launch", "launch-c", "copy", "small"), action="append")
     ap.add_argument("--shim", help="shim library (default: the one in the criu_gpushare package)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -128,8 +150,11 @@ def main():
     if not shim:
         from criu_gpushare.shimlib import shim_path
         shim = shim_path()
-    kinds = args.only or ["launch", "copy", "small"]
-    units = {"launch": "launches/s", "copy": "GB/s", "small": "copies/s"}
+    kinds = args.only or ["launch", "launch-c", "copy", "small"]
+    units = {"launch": "launches/s", "launch-c": "launches/s", "copy": "GB/s", "small": "copies/s"}
+    if "launch-c" in kinds:
+        import tempfile
+        args.launch_loop = build_launch_loop(tempfile.mkdtemp())
     print(f"shim: {shim}\nrepeat: {args.repeat} (alternating), medians\n")
     print(f"{'loop':<8} {'unit':<11} {'without':>12} {'with shim':>12} {'ratio':>7}  spread")
     for kind in kinds:
