@@ -14,7 +14,9 @@
 #      -> OUT/versions.txt
 #   5. `criu-gpushare doctor` and `criu-gpushare doctor --json`          -> OUT/doctor.txt, OUT/doctor.json
 #   6. `python3 -m pytest tests/gpu` under `timeout 480`   -> OUT/gpu-tests.log, OUT/junit.xml,
-#      OUT/probe-figures.txt (the PROBE lines the tests recorded)
+#      OUT/probe-figures.txt (the PROBE lines the tests recorded); then tests/shim, tests/lifecycle
+#      and tests/integration against the real driver -> OUT/real-driver-tests.log, -results.txt;
+#      with GPU_BENCH=1, bench/copy_bench.py and bench/shim_bench.py -> OUT/bench.txt
 #   7. kills every process a probe started that is still alive (they carry GPUSHARE_PROBE_TAG=<this
 #      run> in their environment; a process stuck CHECKPOINTED only dies of SIGKILL), then lists
 #      what is left on the GPU;
@@ -89,9 +91,12 @@ finish() {
         echo "-- probes"
         python3 "$REPO/tests/gpu/summarize.py" --junit "$OUT/junit.xml" --figures "$PROBE_RECORD" \
             || FAILED=1
+        echo "-- real driver: shim, suspend/resume, CRIU integration"
+        cat "$OUT/real-driver-results.txt" 2>/dev/null || echo "not run"
+        tail -n 1 "$OUT/real-driver-tests.log" 2>/dev/null
         echo "-- cleanup"
         cat "$OUT/cleanup.txt"
-        echo "-- files in $OUT: steps.txt versions.txt criu-check.txt pip-install.log doctor.txt doctor.json gpu-tests.log junit.xml probe-figures.txt cleanup.txt summary.txt"
+        echo "-- files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
     } >"$OUT/summary.txt" 2>&1
     cat "$OUT/summary.txt"
 }
@@ -188,6 +193,24 @@ timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest tests/gpu -v -rs -p no:cache
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
 step "pytest tests/gpu" "$rc"
+
+# The same suites that run on the fake driver in CI, here against the real driver (tests that only
+# the fake can run, e.g. two devices or multicast, skip with their reason), plus CRIU integration.
+banner "shim, suspend/resume and CRIU tests on the real driver"
+CRIU_GPUSHARE_TEST_DRIVER=real timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest \
+    tests/shim tests/lifecycle tests/integration -v -rs -p no:cacheprovider \
+    --junitxml="$OUT/junit-real.xml" 2>&1 | tee "$OUT/real-driver-tests.log"
+rc=${PIPESTATUS[0]}
+[ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
+step "pytest tests/shim tests/lifecycle tests/integration (real driver)" "$rc"
+grep -E "^tests/.*(PASSED|FAILED|SKIPPED|ERROR)" "$OUT/real-driver-tests.log" | sed 's/ *\[ *[0-9]*%\]$//' \
+    >"$OUT/real-driver-results.txt"
+
+if [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks are not tests: only on request
+    banner "benchmarks"
+    timeout 200 python3 bench/copy_bench.py --gib 8 2>&1 | tee "$OUT/bench.txt"
+    timeout 200 python3 bench/shim_bench.py --repeat 7 2>&1 | tee -a "$OUT/bench.txt"
+fi
 
 finish
 exit "$FAILED"
