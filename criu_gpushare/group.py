@@ -16,7 +16,7 @@ Refused before anything changes (ProcessError, with what to do):
 import dataclasses
 
 from . import control
-from .errors import ProcessError, ShimError
+from .errors import Error, ProcessError, ShimError
 from .processes import has_shim, uses_cuda
 
 
@@ -93,6 +93,25 @@ def check(members):
             if exporter["pid"] not in pids and _alive(exporter["pid"]):
                 raise ProcessError(m.pid, f"imports GPU memory from process {exporter['pid']}, which "
                                    "is not in the group: suspend them together")
+    if any(m.shares for m in members):
+        _check_outside_importers(pids)
+
+
+def _check_outside_importers(pids):
+    """A process outside the group that maps memory of the group would keep mapping the old
+    memory after resume (the group's copy is re-created): refuse, naming it."""
+    for pid in control.shim_pids():
+        if pid in pids or not _alive(pid):
+            continue
+        try:
+            status = control.status(pid)
+        except Error:
+            continue  # gone, busy, or not reachable: it cannot be checked
+        for imp in status.get("imports", []):
+            exporter = imp.get("exporter") or {}
+            if exporter.get("pid") in pids:
+                raise ProcessError(pid, f"imports GPU memory from process {exporter['pid']} of the "
+                                   "group but is not in it: suspend them together")
 
 
 def _alive(pid):

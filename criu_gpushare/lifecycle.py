@@ -56,6 +56,19 @@ class StepFailed(Error):
         return f"suspend failed at step {self.step}: {self.cause}{tail}"
 
 
+class ResumeFailed(Error):
+    """{} failed: {}"""
+
+    def __init__(self, step, cause):
+        super().__init__(step, cause)
+        self.step, self.cause = step, cause
+        self.exit_code = getattr(cause, "exit_code", Error.exit_code)
+
+    def __str__(self):
+        return (f"resume failed at step {self.step}: {self.cause}; the processes stay suspended "
+                "(frozen, their GPU memory in the store): fix the cause and resume again")
+
+
 @dataclasses.dataclass
 class Options:
     store: str
@@ -187,6 +200,9 @@ class Group:
         return progress
 
     def _release(self):
+        # Every importer first, then the owners: a failure half-way never leaves an import mapping
+        # memory that the rollback re-creates elsewhere.
+        self._each_shim("release", only="imports")
         self._each_shim("release")
 
     def _void(self):
@@ -219,15 +235,19 @@ class Group:
                 ("release", "attach", self._attach),
                 ("quiesce", "reopen", lambda: self._each_shim("resume")),
                 ("freeze", "thaw", self.freezer.thaw)]
+        self.load_stats = CopyStats()
         for done_step, step, fn in undo:
             if done_step in self.done:
-                self._timed(step, fn, record=False)
+                try:
+                    self._timed(step, fn, record=False)
+                except Error as e:
+                    raise ResumeFailed(step, e) from e
         for done_step, _, _ in undo:  # forgotten only once everything worked: a retry redoes all
             while done_step in self.done:
                 self.done.remove(done_step)
         self.done.clear()
         self.times["total"] = time.monotonic() - t0
-        return self.summary("resumed")
+        return self.summary("resumed", self.load_stats)
 
     def _restore(self, gpu_map):
         pairs = []
@@ -259,7 +279,7 @@ class Group:
                     fd = self._export_fd(unit)
                     try:
                         with ImportedAllocation(fd, unit.size, unit.device) as mem:
-                            engine.load(allocs[unit.key], mem.ptr, unit.device)
+                            self.load_stats.add(engine.load(allocs[unit.key], mem.ptr, unit.device))
                     finally:
                         os.close(fd)
 
@@ -281,8 +301,8 @@ class Group:
             self.report(f"rollback failed: {e}")
             return False
 
-    def summary(self, what):
-        s = self.stats
+    def summary(self, what, stats=None):
+        s = stats or self.stats
         return {"state": what, "pids": self.pids, "ref": self.options.ref,
                 "seconds": {k: round(v, 3) for k, v in self.times.items()},
                 "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
@@ -295,10 +315,17 @@ def format_summary(summary):
     secs = summary["seconds"]
     b = summary["bytes"]
     phases = ", ".join(f"{k} {v:.2f}s" for k, v in secs.items())
-    gib = 2 ** 30
+    moved = "copied" if summary["state"] != "resumed" else "loaded"
     return (f"{summary['state']} {len(summary['pids'])} process(es): {phases}; "
-            f"{b['copied'] / gib:.2f} GiB copied, {b['written'] / gib:.2f} GiB written, "
-            f"{b['deduplicated'] / gib:.2f} GiB deduplicated, {b['zero'] / gib:.2f} GiB zero")
+            f"{_size(b['copied'])} {moved}, {_size(b['written'])} written, "
+            f"{_size(b['deduplicated'])} deduplicated, {_size(b['zero'])} zero")
 
 
-__all__ = ["Group", "Options", "StepFailed", "format_summary", "ProcessError"]
+def _size(n):
+    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 2 ** 20:.2f} MiB" if n else "0 B"
+
+
+__all__ = ["Group", "Options", "ResumeFailed", "StepFailed", "format_summary", "ProcessError"]

@@ -8,7 +8,7 @@ import json
 
 import click
 
-from .. import control
+from .. import control, holder
 from ..errors import Error
 
 
@@ -21,15 +21,32 @@ def _summary_line(pid, st):
     size = sum(a["size"] for a in allocs)
     gates = st.get("gates", {})
     held = [g for g in ("launch", "memory") if gates.get(g, {}).get("closed")]
-    return (f"{pid:>8}  {len(allocs):>5} alloc ({_mib(size):>11})  {len(st.get('imports', [])):>3} "
+    return (f"{pid:>8}  {_state(pid, st):<9}  {len(allocs):>5} alloc ({_mib(size):>11})  {len(st.get('imports', [])):>3} "
             f"import  {len(st.get('exports', [])):>3} export  {len(st.get('host_buffers', [])):>3} "
             f"host  gates {'held: ' + '+'.join(held) if held else 'open'}"
             + ("  UNTRACKED" if st.get("untracked") else ""))
 
 
+def _state(pid, st):
+    """running, quiesced (gates closed), released (GPU memory dropped), or suspended (held by a
+    criu-gpushare holder: GPU memory in the store, the driver's checkpoint taken)."""
+    try:
+        held = holder.holder_key(pid) is not None
+    except Error:
+        held = False
+    return "suspended" if held else st.get("state", "unknown")
+
+
 def _show(pid, st):
     out = click.echo
     out(f"pid {pid}: shim {st.get('version')} (protocol {st.get('protocol')})")
+    out(f"  state: {st.get('state', 'unknown')}")
+    try:
+        key = holder.holder_key(pid)
+    except Error:
+        key = None
+    if key is not None:
+        out(f"  suspended by criu-gpushare (group of pid {key}): `criu-gpushare resume {pid}`")
     gates = st.get("gates", {})
     for g in ("launch", "memory"):
         info = gates.get(g, {})

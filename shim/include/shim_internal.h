@@ -12,6 +12,8 @@
  *   gates.c    the launch and memory gates, the gated wrappers, the drain
  *   contexts.c contexts from cuCtxCreate, so the drain reaches them too
  *   control.c  the control socket: server threads, authentication, commands; peer requests
+ *   lifecycle.c suspend/resume commands (release, void-exports, recreate, adopt, attach,
+ *              export-import), host re-registration before resume, handle translation
  *   json.c     a small JSON writer and a flat-object reader for the protocol
  */
 #ifndef CRIU_GPUSHARE_SHIM_INTERNAL_H
@@ -101,7 +103,9 @@ struct gs_alloc {
     CUdeviceptr va;                  /* ORIGIN_MALLOC: the pointer cuMemAlloc returned */
     int app_released;                /* cuMemRelease done (mappings may keep it alive) */
     int ipc_handles;                 /* shim CUDA IPC handles given out for it */
-    int dropped;                     /* for the suspend issue: released by the shim */
+    int dropped;                     /* released by the shim (lifecycle.c) */
+    CUmemAllocationProp prop;        /* read at release, for recreate */
+    int have_prop;
 };
 
 /* A cuMemMap of any handle, with the access merged over every cuMemSetAccess on it. */
@@ -178,6 +182,12 @@ struct gs_alias {
     CUmemGenericAllocationHandle h;
     int kind;
     uint64_t obj_id;
+    int dropped; /* released by the shim with its object; retained again when it comes back */
+};
+
+/* A handle value the program holds whose object was re-created with another handle (lifecycle.c). */
+struct gs_xlat {
+    CUmemGenericAllocationHandle app, cur;
 };
 
 #define GS_ARRAY(type) struct { type *v; size_t n, cap; }
@@ -192,6 +202,7 @@ struct gs_state {
     GS_ARRAY(struct gs_mcast) mcasts;
     GS_ARRAY(struct gs_mcbind) mcbinds;
     GS_ARRAY(struct gs_alias) aliases;
+    GS_ARRAY(struct gs_xlat) xlat;
     unsigned char peer[GS_MAX_DEV][GS_MAX_DEV]; /* [owner][accessor] enabled by the app */
     /* Sharing this process gave out but cannot identify (a status note; importers refuse). */
     int n_foreign_ipc_exports;
@@ -270,6 +281,9 @@ void gs_gates_open(void);
 /* Opens both gates once any quiesce in progress has finished. */
 void gs_resume(void);
 void gs_gates_status(struct gs_buf *b);
+/* Both gates closed; with wait, by a finished quiesce (waits for a quiesce or resume in
+ * progress), else as seen now. */
+int gs_quiesced(int wait);
 void gs_gates_reset_after_fork(void);
 /* Synchronizes every active primary context, waiting at most ms. 0 = done. */
 int gs_sync_all(int ms, char *err, size_t errlen);
@@ -310,6 +324,26 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen);
  * number still unresolved, or -1 if the state lock stayed busy. Call without the state lock (it
  * is taken with a timeout: this runs on the control threads). */
 int gs_resolve_pending_imports(void);
+
+/* ---- lifecycle.c ------------------------------------------------------------------------------ */
+
+/* The program's handle value -> the object's current handle (unchanged when not re-created).
+ * Call without the state lock. */
+CUmemGenericAllocationHandle gs_xlat(CUmemGenericAllocationHandle h);
+/* The program no longer holds value app (released, or the driver handed it out anew). Lock held. */
+void gs_xlat_forget(CUmemGenericAllocationHandle app);
+int gs_lifecycle_command_known(const char *cmd);
+int gs_lifecycle_takes_fd(const char *cmd);
+/* Runs a suspend/resume command: NULL on success (reply fields in body, *fd_out an fd to send or
+ * -1), else the error code with the reason in err. */
+const char *gs_lifecycle_command(const char *cmd, const struct gs_json *req, const int *fds,
+                                 int nfds, struct gs_buf *body, int *fd_out, char *err,
+                                 size_t errlen);
+/* Before the gates open: refuses while memory is still released (-3), re-registers released host
+ * buffers at their device pointers (-1 on failure), -2 when the state lock stays busy. */
+int gs_lifecycle_before_resume(char *err, size_t errlen);
+/* "released" when anything is dropped, else "quiesced" or "running". Lock held. */
+const char *gs_lifecycle_state_locked(void);
 
 /* The `status` reply body (track.c): every tracked object, as JSON fields. Takes no lock. */
 void gs_status_json(struct gs_buf *b);

@@ -115,6 +115,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     }
     if (r == CUDA_SUCCESS) {
         gs_lock();
+        gs_xlat_forget(*handle); /* a value the driver reuses means the new object now */
         struct gs_alloc *a = GS_PUSH(gs.allocs);
         memset(a, 0, sizeof(*a));
         a->id = gs_new_id();
@@ -137,12 +138,15 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
     if (gs_depth)
         return real(handle);
     gs_depth++;
+    CUmemGenericAllocationHandle app = handle;
+    handle = gs_xlat(handle); /* memory re-created by a resume has a new handle */
     CUresult r = real(handle);
     if (r != CUDA_SUCCESS) {
         gs_depth--;
         return r;
     }
     gs_lock();
+    gs_xlat_forget(app);
     int found = 0;
     for (size_t i = 0; i < gs.aliases.n; i++)
         if (gs.aliases.v[i].h == handle) {
@@ -184,6 +188,7 @@ CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     if (gs_depth)
         return real(ptr, size, offset, handle, flags);
     gs_depth++;
+    handle = gs_xlat(handle);
     CUresult r = real(ptr, size, offset, handle, flags);
     if (r != CUDA_SUCCESS) {
         gs_depth--;
@@ -256,6 +261,7 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
         return r;
     }
     gs_lock();
+    gs_xlat_forget(*handle);
     struct gs_map *m = gs_find_map_at((CUdeviceptr)(uintptr_t)addr);
     if (m && m->kind != GS_OBJ_UNKNOWN) {
         struct gs_alias *al = GS_PUSH(gs.aliases);

@@ -247,6 +247,7 @@ static void cmd_status(int sock)
     gs_buf_printf(&b, "\"pid\":%d,\"version\":\"%s\",\"protocol\":%d,", (int)getpid(),
                   CRIU_GPUSHARE_SHIM_VERSION, CRIU_GPUSHARE_PROTOCOL);
     gs_status_json(&b);
+    gs_buf_printf(&b, ",\"state\":\"%s\"", gs_lifecycle_state_locked());
     gs_unlock();
     gs_buf_printf(&b, ",");
     gs_gates_status(&b);
@@ -323,6 +324,42 @@ static void cmd_export(int sock, const struct gs_json *req)
     close(fd);
 }
 
+/* Host memory released by `release` is registered again first; the gates stay closed while
+ * anything is still released. */
+static void cmd_resume(int sock)
+{
+    char err[256];
+    int r = gs_lifecycle_before_resume(err, sizeof(err));
+    if (r) {
+        reply_error(sock, r == -2 ? "busy" : r == -3 ? "refused" : "failed", err);
+        return;
+    }
+    gs_resume();
+    struct gs_buf b = {0};
+    gs_buf_printf(&b, "\"resumed\":true");
+    reply_ok(sock, &b, -1);
+    gs_buf_free(&b);
+}
+
+/* The suspend/resume commands of lifecycle.c. */
+static void cmd_lifecycle(int sock, const char *cmd, const struct gs_json *req, const int *fds,
+                          int nfds)
+{
+    struct gs_buf b = {0};
+    char err[320];
+    int fd = -1;
+    const char *code = gs_lifecycle_command(cmd, req, fds, nfds, &b, &fd, err, sizeof(err));
+    if (code)
+        reply_error(sock, code, err);
+    else if (b.oom)
+        reply_error(sock, "failed", "out of memory building the reply");
+    else
+        reply_ok(sock, &b, fd);
+    if (fd >= 0)
+        close(fd);
+    gs_buf_free(&b);
+}
+
 static void serve(int sock)
 {
     char *buf = malloc(GS_MAX_REQUEST);
@@ -365,7 +402,7 @@ static void serve(int sock)
         reply_error(sock, "bad-request", "missing \"cmd\"");
         goto out;
     }
-    if (nfds && strcmp(cmd->str, "whose") != 0) {
+    if (nfds && strcmp(cmd->str, "whose") != 0 && !gs_lifecycle_takes_fd(cmd->str)) {
         reply_error(sock, "bad-request", "unexpected fd with this command");
         goto out;
     }
@@ -373,16 +410,14 @@ static void serve(int sock)
         cmd_status(sock);
     else if (!strcmp(cmd->str, "quiesce"))
         cmd_quiesce(sock, &req);
-    else if (!strcmp(cmd->str, "resume")) {
-        gs_resume();
-        struct gs_buf b = {0};
-        gs_buf_printf(&b, "\"resumed\":true");
-        reply_ok(sock, &b, -1);
-        gs_buf_free(&b);
-    } else if (!strcmp(cmd->str, "whose"))
+    else if (!strcmp(cmd->str, "resume"))
+        cmd_resume(sock);
+    else if (!strcmp(cmd->str, "whose"))
         cmd_whose(sock, fds, nfds);
     else if (!strcmp(cmd->str, "export"))
         cmd_export(sock, &req);
+    else if (gs_lifecycle_command_known(cmd->str))
+        cmd_lifecycle(sock, cmd->str, &req, fds, nfds);
     else {
         snprintf(err, sizeof(err), "unknown command \"%.64s\"", cmd->str);
         reply_error(sock, "unknown-command", err);

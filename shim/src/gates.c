@@ -242,6 +242,17 @@ void gs_resume(void)
     pthread_mutex_unlock(&quiesce_mu);
 }
 
+int gs_quiesced(int wait)
+{
+    if (wait)
+        pthread_mutex_lock(&quiesce_mu);
+    int closed = __atomic_load_n(&gates[GS_GATE_LAUNCH].closed, __ATOMIC_SEQ_CST) &&
+                 __atomic_load_n(&gates[GS_GATE_MEMORY].closed, __ATOMIC_SEQ_CST);
+    if (wait)
+        pthread_mutex_unlock(&quiesce_mu);
+    return closed;
+}
+
 void gs_gates_status(struct gs_buf *b)
 {
     gs_buf_printf(b,

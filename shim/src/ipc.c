@@ -256,6 +256,7 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
     if (gs_depth)
         return real(shareableHandle, handle, handleType, flags);
     gs_depth++;
+    handle = gs_xlat(handle); /* memory re-created by a resume has a new handle */
     CUresult r = real(shareableHandle, handle, handleType, flags);
     if (r == CUDA_SUCCESS && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
         shareableHandle) {
@@ -313,6 +314,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
             keep = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* ask again at quiesce */
     }
     gs_lock();
+    gs_xlat_forget(*handle); /* a value the driver reuses means the new object now */
     if (o.is_mc) {
         /* A multicast object joined from its creator: devices and binds are tracked on it. */
         struct gs_mcast *mc = GS_PUSH(gs.mcasts);

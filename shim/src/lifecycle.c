@@ -1,0 +1,818 @@
+/* lifecycle.c: the shim's side of suspend/resume (protocol.md, "Suspend and resume").
+ *
+ * The tool drives these commands over the control socket while the process is quiesced:
+ *   release        drop imports, then owned memory (VA reservations kept), then host registrations
+ *   void-exports   point every copy of an exported fd at /dev/null, close the kept dups
+ *   recreate       new memory for every dropped allocation, mapped at the same VAs
+ *   adopt {id}     an import whose exporter freed the memory becomes memory of this process
+ *   attach {id}+fd an import maps its exporter's (re-created) memory again at the same VAs
+ *   export-import  an fd of the memory behind an import (to save memory nobody else holds)
+ *   resume         (control.c) first re-registers host memory, then opens the gates
+ * Every object carries a `dropped` flag set only once its own step succeeded, so a failure half-way
+ * is undone exactly, and every command skips what is already done (a retried resume re-sends all).
+ *
+ * Handles: re-created memory gets new driver handles, but the application keeps the old values.
+ * The translation table (gs.xlat) maps each value the application holds to the object's current
+ * handle; wrappers that take a handle translate it once on entry (gs_xlat). Since the driver may
+ * reuse a released value, recreate never keeps a new handle equal to a value the application
+ * holds for another object.
+ *
+ * The control threads have no CUDA context: each driver call runs with a primary context pushed.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/kcmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "shim_internal.h"
+
+#define LC_LOCK_MS 2000
+#define LC_COLLISION_TRIES 8
+
+static const char *cu_name(CUresult r)
+{
+    const char *name = NULL;
+    CU(CUresult(*)(CUresult, const char **), cuGetErrorName, r, &name);
+    return name ? name : "CUDA error";
+}
+
+/* ---- contexts ----------------------------------------------------------------------------------- */
+
+/* Pushes the primary context of dev if it is active, else of the first active device (a control
+ * thread must not create a context on a GPU the program never used). Returns the device pushed,
+ * or -1 when none could be (the call is then made without a context). */
+static int push_ctx(int dev)
+{
+    int n = 0;
+    CU(CUresult(*)(int *), cuDeviceGetCount, &n);
+    int pick = -1;
+    for (int k = -1; k < n && pick < 0; k++) {
+        int d = k < 0 ? dev : k;
+        unsigned flags;
+        int active = 0;
+        if (d < 0 || d >= n)
+            continue;
+        if (CU(CUresult(*)(CUdevice, unsigned *, int *), cuDevicePrimaryCtxGetState, d, &flags,
+               &active) == CUDA_SUCCESS && active)
+            pick = d;
+    }
+    if (pick < 0)
+        pick = dev >= 0 && dev < n ? dev : (n > 0 ? 0 : -1);
+    if (pick < 0)
+        return -1;
+    CUcontext ctx;
+    if (CU(CUresult(*)(CUcontext *, CUdevice), cuDevicePrimaryCtxRetain, &ctx, pick) != CUDA_SUCCESS)
+        return -1;
+    if (CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS) {
+        CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, pick);
+        return -1;
+    }
+    return pick;
+}
+
+static void pop_ctx(int pushed)
+{
+    if (pushed < 0)
+        return;
+    CUcontext old;
+    CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
+    CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, pushed);
+}
+
+/* ---- handle translation ------------------------------------------------------------------------ */
+
+CUmemGenericAllocationHandle gs_xlat(CUmemGenericAllocationHandle h)
+{
+    if (!__atomic_load_n(&gs.xlat.n, __ATOMIC_RELAXED))
+        return h;
+    gs_lock();
+    for (size_t i = 0; i < gs.xlat.n; i++)
+        if (gs.xlat.v[i].app == h) {
+            h = gs.xlat.v[i].cur;
+            break;
+        }
+    gs_unlock();
+    return h;
+}
+
+void gs_xlat_forget(CUmemGenericAllocationHandle app)
+{
+    for (size_t i = 0; i < gs.xlat.n;)
+        if (gs.xlat.v[i].app == app)
+            GS_DEL(gs.xlat, i);
+        else
+            i++;
+}
+
+/* The object whose current handle is old now has handle nw: whatever value the application holds
+ * for it (old itself, or an earlier value already translated to old) now means nw. */
+static void xlat_move(CUmemGenericAllocationHandle old, CUmemGenericAllocationHandle nw)
+{
+    int found = 0;
+    for (size_t i = 0; i < gs.xlat.n; i++)
+        if (gs.xlat.v[i].cur == old) {
+            gs.xlat.v[i].cur = nw;
+            found = 1;
+        }
+    if (!found && old != nw) {
+        struct gs_xlat *x = GS_PUSH(gs.xlat);
+        x->app = old;
+        x->cur = nw;
+    }
+}
+
+/* A value the application holds for something other than the object whose current handle is own. */
+static int held_by_app_elsewhere(CUmemGenericAllocationHandle h, CUmemGenericAllocationHandle own)
+{
+    for (size_t i = 0; i < gs.xlat.n; i++)
+        if (gs.xlat.v[i].app == h && gs.xlat.v[i].cur != own)
+            return 1;
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (gs.allocs.v[i].h == h && !gs.allocs.v[i].dropped && !gs.allocs.v[i].app_released)
+            return 1;
+    for (size_t i = 0; i < gs.imports.n; i++)
+        if (gs.imports.v[i].h == h && !gs.imports.v[i].dropped && !gs.imports.v[i].app_released)
+            return 1;
+    return 0;
+}
+
+/* ---- state ------------------------------------------------------------------------------------- */
+
+static int anything_dropped(void)
+{
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (gs.allocs.v[i].dropped)
+            return 1;
+    for (size_t i = 0; i < gs.imports.n; i++)
+        if (gs.imports.v[i].dropped)
+            return 1;
+    for (size_t i = 0; i < gs.maps.n; i++)
+        if (gs.maps.v[i].dropped)
+            return 1;
+    for (size_t i = 0; i < gs.hosts.n; i++)
+        if (gs.hosts.v[i].dropped)
+            return 1;
+    return 0;
+}
+
+const char *gs_lifecycle_state_locked(void)
+{
+    if (anything_dropped())
+        return "released";
+    return gs_quiesced(0) ? "quiesced" : "running";
+}
+
+/* ---- mapping helpers --------------------------------------------------------------------------- */
+
+/* Maps h at every dropped mapping of (kind, id) and applies each mapping's merged access. On
+ * failure the mappings made here are unmapped again (still dropped) and the error is in err. */
+static CUresult map_dropped(int kind, uint64_t id, CUmemGenericAllocationHandle h, char *err,
+                            size_t errlen)
+{
+    CUresult r = CUDA_SUCCESS;
+    size_t i;
+    for (i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->kind != kind || m->obj_id != id || !m->dropped)
+            continue;
+        r = REAL(cuMemMap)(m->va, m->size, m->offset, h, 0);
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "cuMemMap at 0x%llx (+%zu, offset %zu): %s",
+                     (unsigned long long)m->va, m->size, m->offset, cu_name(r));
+            break;
+        }
+        if (m->n_access) {
+            r = REAL(cuMemSetAccess)(m->va, m->size, m->access, (size_t)m->n_access);
+            if (r != CUDA_SUCCESS) {
+                REAL(cuMemUnmap)(m->va, m->size);
+                snprintf(err, errlen, "cuMemSetAccess at 0x%llx: %s", (unsigned long long)m->va,
+                         cu_name(r));
+                break;
+            }
+        }
+        m->h = h;
+        m->dropped = -1; /* mapped in this call: committed below, undone on failure */
+    }
+    for (size_t j = 0; j < gs.maps.n; j++) {
+        struct gs_map *m = &gs.maps.v[j];
+        if (m->kind != kind || m->obj_id != id || m->dropped != -1)
+            continue;
+        if (r != CUDA_SUCCESS) {
+            REAL(cuMemUnmap)(m->va, m->size);
+            m->dropped = 1;
+        } else {
+            m->dropped = 0;
+        }
+    }
+    return r;
+}
+
+static int first_map_va(int kind, uint64_t id, CUdeviceptr *va)
+{
+    for (size_t i = 0; i < gs.maps.n; i++)
+        if (gs.maps.v[i].kind == kind && gs.maps.v[i].obj_id == id && !gs.maps.v[i].dropped) {
+            *va = gs.maps.v[i].va;
+            return 1;
+        }
+    return 0;
+}
+
+/* The device an import's memory lives on: the first device its mappings give access to. */
+static int import_device(uint64_t id)
+{
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->kind != GS_OBJ_IMPORT || m->obj_id != id)
+            continue;
+        for (int k = 0; k < m->n_access; k++)
+            if (m->access[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+                return m->access[k].location.id;
+    }
+    return 0;
+}
+
+static struct gs_import *find_import_id(uint64_t id)
+{
+    for (size_t i = 0; i < gs.imports.n; i++)
+        if (gs.imports.v[i].id == id)
+            return &gs.imports.v[i];
+    return NULL;
+}
+
+/* Creates memory like prop, never keeping a handle the application holds for something else. */
+static CUresult create_fresh(size_t size, const CUmemAllocationProp *prop,
+                             CUmemGenericAllocationHandle own, CUmemGenericAllocationHandle *out)
+{
+    CUmemGenericAllocationHandle aside[LC_COLLISION_TRIES];
+    int n_aside = 0;
+    CUresult r;
+    for (;;) {
+        r = REAL(cuMemCreate)(out, size, prop, 0);
+        if (r != CUDA_SUCCESS || !held_by_app_elsewhere(*out, own) || n_aside == LC_COLLISION_TRIES)
+            break;
+        aside[n_aside++] = *out;
+    }
+    for (int k = 0; k < n_aside; k++)
+        REAL(cuMemRelease)(aside[k]);
+    if (r == CUDA_SUCCESS && held_by_app_elsewhere(*out, own)) {
+        REAL(cuMemRelease)(*out);
+        r = CUDA_ERROR_ALREADY_MAPPED;
+    }
+    return r;
+}
+
+static void default_prop(CUmemAllocationProp *p, int dev)
+{
+    memset(p, 0, sizeof(*p));
+    p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->location.id = dev;
+    p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+/* ---- release ----------------------------------------------------------------------------------- */
+
+/* The allocation's properties, kept for recreate (read before its handle goes). */
+static void remember_prop(struct gs_alloc *a)
+{
+    if (a->have_prop)
+        return;
+    CUmemGenericAllocationHandle h = a->h;
+    int retained = 0;
+    CUdeviceptr va;
+    if (a->app_released) {
+        if (!first_map_va(GS_OBJ_ALLOC, a->id, &va) ||
+            REAL(cuMemRetainAllocationHandle)(&h, (void *)(uintptr_t)va) != CUDA_SUCCESS)
+            h = 0;
+        retained = h != 0;
+    }
+    if (h && CU(CUresult(*)(CUmemAllocationProp *, CUmemGenericAllocationHandle),
+                cuMemGetAllocationPropertiesFromHandle, &a->prop, h) == CUDA_SUCCESS)
+        a->have_prop = 1;
+    if (retained)
+        REAL(cuMemRelease)(h);
+    if (!a->have_prop) {
+        default_prop(&a->prop, a->dev);
+        a->prop.requestedHandleTypes = (CUmemAllocationHandleType)a->handle_types;
+        a->have_prop = 1;
+    }
+    /* The tool exports re-created memory by fd, whatever the program asked for. */
+    a->prop.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+/* imports_only: the group's first pass (every importer drops its imports before any owner drops
+ * memory, so a failure never leaves an import mapping memory that a rollback re-creates). */
+static int release_locked(int imports_only, struct gs_buf *body, char *err, size_t errlen)
+{
+    int n_imports = 0, n_allocs = 0, n_maps = 0, n_hosts = 0;
+    CUresult r;
+    /* imports: mappings, then handles (the VA reservations stay) */
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->kind != GS_OBJ_IMPORT || m->dropped)
+            continue;
+        if ((r = REAL(cuMemUnmap)(m->va, m->size)) != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemUnmap of import %llu at 0x%llx: %s",
+                     (unsigned long long)m->obj_id, (unsigned long long)m->va, cu_name(r));
+            return -1;
+        }
+        m->dropped = 1;
+        n_maps++;
+    }
+    for (size_t i = 0; i < gs.aliases.n; i++) {
+        struct gs_alias *al = &gs.aliases.v[i];
+        if (al->dropped || (al->kind != GS_OBJ_IMPORT && al->kind != GS_OBJ_ALLOC))
+            continue;
+        if (al->kind == GS_OBJ_ALLOC) /* owned memory's turn comes below */
+            continue;
+        if ((r = REAL(cuMemRelease)(al->h)) != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemRelease of a retained handle of import %llu: %s",
+                     (unsigned long long)al->obj_id, cu_name(r));
+            return -1;
+        }
+        al->dropped = 1;
+    }
+    for (size_t i = 0; i < gs.imports.n; i++) {
+        struct gs_import *im = &gs.imports.v[i];
+        if (im->dropped)
+            continue;
+        if (im->kind == GS_IMPORT_FD && !im->app_released &&
+            (r = REAL(cuMemRelease)(im->h)) != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemRelease of import %llu: %s",
+                     (unsigned long long)im->id, cu_name(r));
+            return -1;
+        }
+        im->dropped = 1;
+        n_imports++;
+    }
+    if (imports_only)
+        goto done;
+    /* owned memory: mappings, retained handles, then the handles themselves */
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (!gs.allocs.v[i].dropped)
+            remember_prop(&gs.allocs.v[i]);
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->kind != GS_OBJ_ALLOC || m->dropped)
+            continue;
+        if ((r = REAL(cuMemUnmap)(m->va, m->size)) != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemUnmap of allocation %llu at 0x%llx: %s",
+                     (unsigned long long)m->obj_id, (unsigned long long)m->va, cu_name(r));
+            return -1;
+        }
+        m->dropped = 1;
+        n_maps++;
+    }
+    for (size_t i = 0; i < gs.aliases.n; i++) {
+        struct gs_alias *al = &gs.aliases.v[i];
+        if (al->dropped || al->kind != GS_OBJ_ALLOC)
+            continue;
+        if ((r = REAL(cuMemRelease)(al->h)) != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemRelease of a retained handle of allocation %llu: %s",
+                     (unsigned long long)al->obj_id, cu_name(r));
+            return -1;
+        }
+        al->dropped = 1;
+    }
+    for (size_t i = 0; i < gs.allocs.n; i++) {
+        struct gs_alloc *a = &gs.allocs.v[i];
+        if (a->dropped)
+            continue;
+        if (!a->app_released && (r = REAL(cuMemRelease)(a->h)) != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemRelease of allocation %llu: %s",
+                     (unsigned long long)a->id, cu_name(r));
+            return -1;
+        }
+        a->dropped = 1;
+        n_allocs++;
+    }
+    /* page-locked host memory: unregistered, the memory itself stays where it is */
+    for (size_t i = 0; i < gs.hosts.n; i++) {
+        struct gs_host *h = &gs.hosts.v[i];
+        if (h->dropped)
+            continue;
+        r = REAL(cuMemHostUnregister)(h->p);
+        if (r == CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+            continue; /* a shim buffer the program unregistered itself: nothing to bring back */
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemHostUnregister of host buffer %p: %s", h->p,
+                     cu_name(r));
+            return -1;
+        }
+        h->dropped = 1;
+        n_hosts++;
+    }
+done:
+    gs_buf_printf(body, "\"imports\":%d,\"allocations\":%d,\"mappings\":%d,\"host_buffers\":%d",
+                  n_imports, n_allocs, n_maps, n_hosts);
+    return 0;
+}
+
+/* ---- void-exports ------------------------------------------------------------------------------ */
+
+static int same_open_file(int a, int b)
+{
+    pid_t self = getpid();
+    return syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0;
+}
+
+/* Exports whose memory is dropped (or freed): only those may be voided (a live allocation's export
+ * may share its open file with the driver's own). */
+static int export_voidable(const struct gs_export *e)
+{
+    if (e->kind != GS_OBJ_ALLOC || e->voided || e->fd < 0)
+        return 0;
+    struct gs_alloc *a = gs_find_alloc_id(e->obj_id);
+    return !a || a->dropped;
+}
+
+static int void_exports_locked(struct gs_buf *body, char *err, size_t errlen)
+{
+    int n_voided = 0, n_closed = 0;
+    int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null_fd < 0) {
+        snprintf(err, errlen, "void-exports: open /dev/null: %s", strerror(errno));
+        return -1;
+    }
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) {
+        snprintf(err, errlen, "void-exports: /proc/self/fd: %s", strerror(errno));
+        close(null_fd);
+        return -1;
+    }
+    int dfd = dirfd(d);
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        char *end;
+        long fd = strtol(de->d_name, &end, 10);
+        if (*end || de->d_name[0] == '.' || fd == dfd || fd == null_fd)
+            continue;
+        for (size_t i = 0; i < gs.exports.n; i++) {
+            struct gs_export *e = &gs.exports.v[i];
+            if ((int)fd == e->fd || !export_voidable(e) || !same_open_file((int)fd, e->fd))
+                continue;
+            int fl = fcntl((int)fd, F_GETFD);
+            if (dup3(null_fd, (int)fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) {
+                snprintf(err, errlen, "void-exports: dup3 of /dev/null onto fd %ld: %s", fd,
+                         strerror(errno));
+                closedir(d);
+                close(null_fd);
+                return -1;
+            }
+            n_voided++;
+            break;
+        }
+    }
+    closedir(d);
+    close(null_fd);
+    for (size_t i = 0; i < gs.exports.n;) {
+        struct gs_export *e = &gs.exports.v[i];
+        if (export_voidable(e)) {
+            close(e->fd);
+            GS_DEL(gs.exports, i);
+            n_closed++;
+        } else {
+            i++;
+        }
+    }
+    gs_buf_printf(body, "\"voided\":%d,\"closed\":%d", n_voided, n_closed);
+    return 0;
+}
+
+/* ---- recreate ---------------------------------------------------------------------------------- */
+
+static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
+{
+    CUmemAllocationProp prop = a->prop;
+    if (!a->have_prop) {
+        default_prop(&prop, a->dev);
+        prop.requestedHandleTypes |= (CUmemAllocationHandleType)a->handle_types;
+    }
+    int pushed = push_ctx(a->dev);
+    CUmemGenericAllocationHandle nh;
+    CUresult r = create_fresh(a->size, &prop, a->h, &nh);
+    if (r != CUDA_SUCCESS) {
+        pop_ctx(pushed);
+        snprintf(err, errlen, "recreate: cuMemCreate of allocation %llu (%zu bytes on device %d): %s",
+                 (unsigned long long)a->id, a->size, a->dev, cu_name(r));
+        return -1;
+    }
+    char why[200];
+    r = map_dropped(GS_OBJ_ALLOC, a->id, nh, why, sizeof(why));
+    if (r != CUDA_SUCCESS) {
+        REAL(cuMemRelease)(nh);
+        pop_ctx(pushed);
+        snprintf(err, errlen, "recreate: allocation %llu: %s", (unsigned long long)a->id, why);
+        return -1;
+    }
+    /* Retained handles the program holds: retained again from the new memory. */
+    CUdeviceptr va;
+    for (size_t i = 0; i < gs.aliases.n; i++) {
+        struct gs_alias *al = &gs.aliases.v[i];
+        CUmemGenericAllocationHandle rh;
+        if (al->kind != GS_OBJ_ALLOC || al->obj_id != a->id || !al->dropped)
+            continue;
+        if (first_map_va(GS_OBJ_ALLOC, a->id, &va) &&
+            REAL(cuMemRetainAllocationHandle)(&rh, (void *)(uintptr_t)va) == CUDA_SUCCESS) {
+            xlat_move(al->h, rh);
+            al->h = rh;
+            al->dropped = 0;
+        }
+    }
+    if (a->app_released) {
+        REAL(cuMemRelease)(nh); /* the mappings hold the memory, as before */
+    } else if (a->origin == GS_ORIGIN_CUMEM) {
+        xlat_move(a->h, nh);
+    }
+    a->h = nh;
+    a->dropped = 0;
+    pop_ctx(pushed);
+    return 0;
+}
+
+static int recreate_locked(struct gs_buf *body, char *err, size_t errlen)
+{
+    int n = 0;
+    for (size_t i = 0; i < gs.allocs.n; i++) {
+        struct gs_alloc *a = &gs.allocs.v[i];
+        if (!a->dropped)
+            continue;
+        if (recreate_one(a, err, errlen))
+            return -1;
+        n++;
+    }
+    gs_buf_printf(body, "\"recreated\":%d", n);
+    return 0;
+}
+
+/* ---- imports: adopt, attach, export-import ---------------------------------------------------- */
+
+/* The import now holds handle nh (mapped at every dropped mapping): records and the program's
+ * handle follow it. */
+static void import_now(struct gs_import *im, CUmemGenericAllocationHandle nh)
+{
+    if (im->app_released) {
+        REAL(cuMemRelease)(nh); /* the mappings hold the memory */
+    } else {
+        if (im->kind == GS_IMPORT_FD)
+            xlat_move(im->h, nh);
+        im->h = nh;
+    }
+    im->dropped = 0;
+}
+
+static int adopt_locked(uint64_t id, int dev, struct gs_buf *body, char *err, size_t errlen)
+{
+    struct gs_import *im = find_import_id(id);
+    if (!im) {
+        snprintf(err, errlen, "adopt: no import %llu", (unsigned long long)id);
+        return -2;
+    }
+    if (!im->dropped) {
+        gs_buf_printf(body, "\"adopted\":false");
+        return 0;
+    }
+    if (dev < 0)
+        dev = import_device(id);
+    CUmemAllocationProp prop;
+    default_prop(&prop, dev);
+    int pushed = push_ctx(dev);
+    CUmemGenericAllocationHandle nh;
+    CUresult r = create_fresh(im->size, &prop, im->h, &nh);
+    if (r != CUDA_SUCCESS) {
+        pop_ctx(pushed);
+        snprintf(err, errlen, "adopt: cuMemCreate for import %llu (%zu bytes on device %d): %s",
+                 (unsigned long long)id, im->size, dev, cu_name(r));
+        return -1;
+    }
+    char why[200];
+    r = map_dropped(GS_OBJ_IMPORT, id, nh, why, sizeof(why));
+    if (r != CUDA_SUCCESS) {
+        REAL(cuMemRelease)(nh);
+        pop_ctx(pushed);
+        snprintf(err, errlen, "adopt: import %llu: %s", (unsigned long long)id, why);
+        return -1;
+    }
+    import_now(im, nh);
+    pop_ctx(pushed);
+    gs_buf_printf(body, "\"adopted\":true");
+    return 0;
+}
+
+static int attach_locked(uint64_t id, int fd, struct gs_buf *body, char *err, size_t errlen)
+{
+    struct gs_import *im = find_import_id(id);
+    if (!im) {
+        snprintf(err, errlen, "attach: no import %llu", (unsigned long long)id);
+        return -2;
+    }
+    if (!im->dropped) {
+        gs_buf_printf(body, "\"attached\":false");
+        return 0;
+    }
+    int pushed = push_ctx(import_device(id));
+    CUmemGenericAllocationHandle nh;
+    CUresult r = REAL(cuMemImportFromShareableHandle)(&nh, (void *)(intptr_t)fd,
+                                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) {
+        pop_ctx(pushed);
+        snprintf(err, errlen, "attach: cuMemImportFromShareableHandle for import %llu: %s",
+                 (unsigned long long)id, cu_name(r));
+        return -1;
+    }
+    char why[200];
+    r = map_dropped(GS_OBJ_IMPORT, id, nh, why, sizeof(why));
+    if (r != CUDA_SUCCESS) {
+        REAL(cuMemRelease)(nh);
+        pop_ctx(pushed);
+        snprintf(err, errlen, "attach: import %llu: %s", (unsigned long long)id, why);
+        return -1;
+    }
+    for (size_t i = 0; i < gs.aliases.n; i++) {
+        struct gs_alias *al = &gs.aliases.v[i];
+        CUmemGenericAllocationHandle rh;
+        CUdeviceptr va;
+        if (al->kind == GS_OBJ_IMPORT && al->obj_id == id && al->dropped &&
+            first_map_va(GS_OBJ_IMPORT, id, &va) &&
+            REAL(cuMemRetainAllocationHandle)(&rh, (void *)(uintptr_t)va) == CUDA_SUCCESS) {
+            xlat_move(al->h, rh);
+            al->h = rh;
+            al->dropped = 0;
+        }
+    }
+    import_now(im, nh);
+    pop_ctx(pushed);
+    gs_buf_printf(body, "\"attached\":true");
+    return 0;
+}
+
+static int export_import_locked(uint64_t id, int *fd_out, char *err, size_t errlen)
+{
+    struct gs_import *im = find_import_id(id);
+    if (!im) {
+        snprintf(err, errlen, "export-import: no import %llu", (unsigned long long)id);
+        return -2;
+    }
+    if (im->dropped) {
+        snprintf(err, errlen, "export-import: import %llu is released (adopt or attach it first)",
+                 (unsigned long long)id);
+        return -1;
+    }
+    /* A handle of the memory mapped here (the program's may be released, or a legacy IPC
+     * import has none). */
+    CUmemGenericAllocationHandle h = im->h;
+    int retained = 0;
+    CUresult r = CUDA_SUCCESS;
+    CUdeviceptr va;
+    if (first_map_va(GS_OBJ_IMPORT, id, &va)) {
+        r = REAL(cuMemRetainAllocationHandle)(&h, (void *)(uintptr_t)va);
+        retained = r == CUDA_SUCCESS;
+    } else if (im->app_released || im->kind != GS_IMPORT_FD) {
+        r = CUDA_ERROR_NOT_MAPPED;
+    }
+    int pushed = push_ctx(import_device(id));
+    if (r == CUDA_SUCCESS)
+        r = REAL(cuMemExportToShareableHandle)(fd_out, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (retained)
+        REAL(cuMemRelease)(h);
+    pop_ctx(pushed);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, errlen, "export-import: import %llu: %s", (unsigned long long)id, cu_name(r));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- host memory (before the gates open) ------------------------------------------------------- */
+
+int gs_lifecycle_before_resume(char *err, size_t errlen)
+{
+    if (gs_lock_timed(LC_LOCK_MS)) {
+        snprintf(err, errlen, "state lock held for 2 s");
+        return -2;
+    }
+    int n_dropped = 0;
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        n_dropped += gs.allocs.v[i].dropped != 0;
+    for (size_t i = 0; i < gs.imports.n; i++)
+        n_dropped += gs.imports.v[i].dropped != 0;
+    if (n_dropped) {
+        gs_unlock();
+        snprintf(err, errlen, "%d allocation(s) or import(s) are still released: recreate, adopt "
+                 "or attach them before resume (the gates stay closed)", n_dropped);
+        return -3;
+    }
+    int rc = 0, pushed = -2;
+    for (size_t i = 0; i < gs.hosts.n && !rc; i++) {
+        struct gs_host *h = &gs.hosts.v[i];
+        if (!h->dropped)
+            continue;
+        if (pushed == -2)
+            pushed = push_ctx(0);
+        CUresult r = REAL(cuMemHostRegister_v2)(h->p, h->size, h->flags);
+        if (r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+            snprintf(err, errlen, "resume: cuMemHostRegister of host buffer %p (%zu bytes): %s",
+                     h->p, h->size, cu_name(r));
+            rc = -1;
+            break;
+        }
+        if (h->flags & CU_MEMHOSTREGISTER_DEVICEMAP) {
+            CUdeviceptr dptr = 0;
+            r = CU(CUresult(*)(CUdeviceptr *, void *, unsigned), cuMemHostGetDevicePointer_v2,
+                   &dptr, h->p, 0);
+            if (r != CUDA_SUCCESS || dptr != h->dptr) {
+                REAL(cuMemHostUnregister)(h->p);
+                snprintf(err, errlen, "resume: host buffer %p came back at device pointer 0x%llx, "
+                         "not 0x%llx", h->p, (unsigned long long)dptr, (unsigned long long)h->dptr);
+                rc = -1;
+                break;
+            }
+        }
+        h->dropped = 0;
+    }
+    if (pushed != -2)
+        pop_ctx(pushed);
+    gs_unlock();
+    return rc;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------------ */
+
+static const char *const commands[] = {"release", "void-exports", "recreate", "adopt", "attach",
+                                       "export-import"};
+
+int gs_lifecycle_command_known(const char *cmd)
+{
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (!strcmp(cmd, commands[i]))
+            return 1;
+    return 0;
+}
+
+int gs_lifecycle_takes_fd(const char *cmd) { return !strcmp(cmd, "attach"); }
+
+const char *gs_lifecycle_command(const char *cmd, const struct gs_json *req, const int *fds,
+                                 int nfds, struct gs_buf *body, int *fd_out, char *err,
+                                 size_t errlen)
+{
+    *fd_out = -1;
+    const struct gs_json_field *idf = gs_json_get(req, "id", 'i');
+    int needs_id = !strcmp(cmd, "adopt") || !strcmp(cmd, "attach") || !strcmp(cmd, "export-import");
+    if (needs_id && (!idf || idf->num <= 0)) {
+        snprintf(err, errlen, "%s needs \"id\": a positive integer", cmd);
+        return "bad-request";
+    }
+    if (gs_lifecycle_takes_fd(cmd) ? nfds != 1 : nfds != 0) {
+        snprintf(err, errlen, "%s takes %s", cmd, gs_lifecycle_takes_fd(cmd) ? "exactly one fd" : "no fd");
+        return "bad-request";
+    }
+    if (!gs_quiesced(1)) {
+        snprintf(err, errlen, "%s needs the process quiesced (send quiesce first)", cmd);
+        return "not-quiesced";
+    }
+    if (gs_lock_timed(LC_LOCK_MS)) {
+        snprintf(err, errlen, "state lock held for 2 s (an application thread is stopped inside "
+                 "the shim?)");
+        return "busy";
+    }
+    int rc;
+    uint64_t id = idf ? (uint64_t)idf->num : 0;
+    if (!strcmp(cmd, "release")) {
+        if (gs.mcasts.n) {
+            gs_unlock();
+            snprintf(err, errlen, "release: %zu multicast object(s): suspend does not support "
+                     "multicast yet; nothing was released", gs.mcasts.n);
+            return "refused";
+        }
+        const struct gs_json_field *only = gs_json_get(req, "only", 's');
+        if (only && strcmp(only->str, "imports")) {
+            gs_unlock();
+            snprintf(err, errlen, "release: \"only\" can only be \"imports\"");
+            return "bad-request";
+        }
+        int pushed = push_ctx(0);
+        rc = release_locked(only != NULL, body, err, errlen);
+        pop_ctx(pushed);
+    } else if (!strcmp(cmd, "void-exports")) {
+        rc = void_exports_locked(body, err, errlen);
+    } else if (!strcmp(cmd, "recreate")) {
+        rc = recreate_locked(body, err, errlen);
+    } else if (!strcmp(cmd, "adopt")) {
+        const struct gs_json_field *dev = gs_json_get(req, "device", 'i');
+        rc = adopt_locked(id, dev ? (int)dev->num : -1, body, err, errlen);
+    } else if (!strcmp(cmd, "attach")) {
+        rc = attach_locked(id, fds[0], body, err, errlen);
+    } else {
+        rc = export_import_locked(id, fd_out, err, errlen);
+    }
+    gs_unlock();
+    if (rc == -2)
+        return "gone";
+    return rc ? "failed" : NULL;
+}

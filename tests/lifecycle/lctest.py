@@ -1,0 +1,75 @@
+"""Helpers of the suspend/resume tests: sharing memory between workloads, checking it is live."""
+from __future__ import annotations
+
+import json
+import os
+
+from fakecuda.usage import read_usage
+
+MB = 1 << 20
+SIZE = 4 * MB
+
+
+def share(exporter, importer, tmp_path, name="buf", size=SIZE, close=True):
+    """exporter creates `name` and passes a POSIX-fd export to importer, which maps it.
+    Returns (exporter's export fd, importer's received fd); with close, the importer closes its fd."""
+    exporter.do(f"cumem {name} {size}")
+    fd = exporter.do(f"export {name}")["fd"]
+    path = str(tmp_path / f"sock-{name}-{importer.pid}")
+    importer.do(f"listen {path}")
+    exporter.do(f"sendfd {fd} {path}")
+    got = importer.do("recvfd")["fd"]
+    importer.do(f"import {name} {got} {size}")
+    if close:
+        importer.do(f"closefd {got}")
+    return fd, got
+
+
+def write(w, name, value):
+    w.do(f"fill {name} {value}")
+    w.do("sync")
+
+
+def values(w, name):
+    return w.do(f"read {name}")["values"]
+
+
+def assert_shared(a, b, name="buf", value=None):
+    """A write on either side is seen by the other (the sharing is live)."""
+    for src, dst in ((a, b), (b, a)):
+        v = value if value is not None else 1000 + src.pid % 1000
+        write(src, name, v)
+        assert values(dst, name) == [v] * 4, f"pid {dst.pid} does not see pid {src.pid}'s write"
+
+
+def device_usage(lc, pid):
+    return sum(read_usage(lc.state).get(pid, {}).values())
+
+
+def shim_state(lc, pid):
+    r = lc.cli("status", pid, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)["state"]
+
+
+def suspend(lc, *pids, ok=True, env=None, args=()):
+    r = lc.cli("suspend", *args, *pids, env=env)
+    if ok:
+        assert r.returncode == 0, f"suspend failed: {r.stderr}\n{lc.holder_log()}"
+    return r
+
+
+def resume(lc, *pids, ok=True):
+    r = lc.cli("resume", *pids)
+    if ok:
+        assert r.returncode == 0, f"resume failed: {r.stderr}\n{lc.holder_log()}"
+    return r
+
+
+def fd_target(w, fd):
+    """What fd of workload w points to (read from /proc: a suspended workload is frozen)."""
+    return os.readlink(f"/proc/{w.pid}/fd/{fd}")
+
+
+def exists(path):
+    return os.path.exists(path)

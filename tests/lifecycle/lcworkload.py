@@ -1,0 +1,87 @@
+"""The shim tests' line-driven workload (tests/shim/workload.py) plus what suspend/resume tests need.
+
+Extra commands:
+  hostfill NAME VALUE      the CPU writes uint32 VALUE over host buffer NAME
+  reader NAME              a CPU thread reads host buffer NAME in a loop from now on (a crash of
+                           the process is what a test would see if the memory went away)
+  readers                  -> reads: how many passes the reader thread made, value: what it read last
+  trap SIGNAL              record deliveries of SIGNAL (a number)
+  signals                  -> the signals delivered so far, in order
+  closefd FD               close an fd (an fd passed to this process, or an export)
+  fdtarget FD              -> what /proc/self/fd/FD points to
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "shim"))
+
+import workload as base  # noqa: E402  (tests/shim/workload.py)
+
+
+class LifecycleWorkload(base.Workload):
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+        self.last = None
+        self.delivered = []
+
+    def cmd_hostfill(self, name, value):
+        b = self.bufs[name]
+        arr = (ctypes.c_uint32 * (b["size"] // 4)).from_address(b["ptr"])
+        ctypes.memmove(arr, (ctypes.c_uint32 * len(arr))(*([int(value)] * len(arr))), b["size"])
+
+    def cmd_reader(self, name):
+        b = self.bufs[name]
+        arr = (ctypes.c_uint32 * (b["size"] // 4)).from_address(b["ptr"])
+
+        def loop():
+            while True:
+                self.last = arr[0] + arr[len(arr) - 1]
+                self.reads += 1
+
+        threading.Thread(target=loop, daemon=True, name="reader").start()
+
+    def cmd_readers(self):
+        return {"reads": self.reads, "value": self.last}
+
+    def cmd_trap(self, signum):
+        signal.signal(int(signum), lambda s, f: self.delivered.append(s))
+
+    def cmd_signals(self):
+        return {"signals": list(self.delivered)}
+
+    def cmd_closefd(self, fd):
+        os.close(int(fd))
+
+    def cmd_fdtarget(self, fd):
+        return {"target": os.readlink(f"/proc/self/fd/{int(fd)}")}
+
+
+def main():
+    w = LifecycleWorkload()
+    print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "exit":
+            break
+        try:
+            res = getattr(w, "cmd_" + words[0])(*words[1:]) or {}
+            res["ok"] = True
+        except base.CudaError as e:
+            res = {"ok": False, "error": str(e)}
+        except Exception as e:  # a test bug: report it, keep serving
+            res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+        print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,160 @@
+"""Suspend/resume cycles of workloads that share GPU memory, through the CLI, on the fake driver."""
+import os
+import signal
+import time
+
+from conftest import wait_for
+from lctest import (SIZE, assert_shared, device_usage, fd_target, resume, shim_state, share,
+                    suspend, values, write)
+
+
+def test_fd_export_pair_three_cycles(lc, workload, tmp_path):
+    """(a) two processes sharing a cuMem fd export; the exporter keeps its exported fd open."""
+    a, b = workload(), workload()
+    export_fd, _ = share(a, b, tmp_path)
+    a.do("malloc small 4096")           # plain driver memory: the driver's checkpoint keeps it
+    a.do("malloc big 8388608")          # backed by exportable cuMem memory by the shim
+    write(a, "small", 11)
+    for cycle in range(3):
+        write(a, "buf", 100 + cycle)
+        write(a, "big", 200 + cycle)
+        r = suspend(lc, a.pid, b.pid)
+        assert "suspended 2 process(es)" in r.stdout and "copied" in r.stdout
+        # every GPU byte is free while suspended, and each process says why
+        assert device_usage(lc, a.pid) == 0 and device_usage(lc, b.pid) == 0
+        assert shim_state(lc, a.pid) == "released"
+        status = lc.cli("status", a.pid)
+        assert "state: released" in status.stdout and "suspended by criu-gpushare" in status.stdout
+        # the exported fd the application kept no longer pins the memory
+        assert fd_target(a, export_fd) == "/dev/null"
+        resume(lc, b.pid)
+        assert shim_state(lc, a.pid) == "running"
+        assert values(b, "buf") == [100 + cycle] * 4
+        assert values(a, "big") == [200 + cycle] * 4
+        assert values(a, "small") == [11] * 4
+        assert_shared(a, b)
+    assert device_usage(lc, a.pid) > 0
+
+
+def test_self_export_keeping_both_fds(lc, workload, tmp_path):
+    """(c) a process that exports to itself and keeps both fds."""
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    fd1 = a.do("export buf")["fd"]
+    fd2 = a.do("export buf")["fd"]
+    a.do(f"import mirror {fd1} {SIZE}")
+    for cycle in range(2):
+        write(a, "buf", 300 + cycle)
+        suspend(lc, a.pid)
+        assert device_usage(lc, a.pid) == 0
+        assert fd_target(a, fd1) == "/dev/null" and fd_target(a, fd2) == "/dev/null"
+        resume(lc, a.pid)
+        assert values(a, "mirror") == [300 + cycle] * 4
+        write(a, "mirror", 400 + cycle)
+        assert values(a, "buf") == [400 + cycle] * 4
+
+
+def test_exporter_freed_memory_importer_maps(lc, workload, tmp_path):
+    """(d) the exporter freed the memory; the importer adopts it and keeps using it."""
+    a, b = workload(), workload()
+    share(a, b, tmp_path)
+    write(a, "buf", 5)
+    a.do("unmap buf")
+    a.do("release buf")
+    for cycle in range(2):
+        suspend(lc, a.pid, b.pid)
+        assert device_usage(lc, b.pid) == 0
+        resume(lc, a.pid, b.pid)
+        assert values(b, "buf") == [5 + cycle] * 4
+        write(b, "buf", 6 + cycle)
+
+
+def test_adopted_memory_shared_by_two_importers(lc, workload, tmp_path):
+    """Memory two importers map after its exporter freed it: one adopts it, the other attaches."""
+    a, b, c = workload(), workload(), workload()
+    a.do(f"cumem buf {SIZE}")
+    fd = a.do("export buf")["fd"]
+    for w in (b, c):
+        path = str(tmp_path / f"s{w.pid}")
+        w.do(f"listen {path}")
+        a.do(f"sendfd {fd} {path}")
+        w.do(f"import buf {w.do('recvfd')['fd']} {SIZE}")
+    write(a, "buf", 9)
+    a.do("unmap buf")
+    a.do("release buf")
+    for _ in range(2):
+        suspend(lc, a.pid, b.pid, c.pid)
+        resume(lc, a.pid)
+        assert values(c, "buf") == [9] * 4
+        assert_shared(b, c, value=9)
+
+
+def test_work_in_flight_when_suspend_starts(lc, workload, tmp_path):
+    """(e) kernels and copies queued in both processes when suspend starts all finish first."""
+    a, b = workload(), workload()
+    share(a, b, tmp_path)
+    write(a, "buf", 0)
+    for cycle in range(2):
+        for w in (a, b):
+            w.do("sleep 300000")        # a 0.3 s kernel, then an add behind it, in each process
+            w.do("add buf 1")
+        suspend(lc, a.pid, b.pid)
+        resume(lc, a.pid, b.pid)
+        assert values(a, "buf") == [2 * (cycle + 1)] * 4
+    assert_shared(a, b)
+
+
+def test_pinned_host_reader_and_signal_while_suspended(lc, workload, tmp_path):
+    """(f) a CPU thread reading pinned host memory survives suspension; a signal sent while
+    suspended is delivered after resume."""
+    a, b = workload(), workload()
+    share(a, b, tmp_path)
+    a.do("hostalloc pinned 1048576 0")
+    a.do("hostfill pinned 77")
+    a.do("reader pinned")
+    a.do(f"trap {int(signal.SIGUSR1)}")
+    for cycle in range(2):
+        suspend(lc, a.pid, b.pid)
+        os.kill(a.pid, signal.SIGUSR1)
+        time.sleep(0.3)
+        assert a.proc.poll() is None, "the workload died while suspended"
+        assert len(list(_status_threads_stopped(a.pid))) > 0  # its threads are held
+        resume(lc, b.pid)
+        wait_for(lambda: len(a.do("signals")["signals"]) == cycle + 1, what="the SIGUSR1 delivery")
+        before = a.do("readers")["reads"]
+        wait_for(lambda: a.do("readers")["reads"] > before, what="the reader thread running again")
+        assert a.do("readers")["value"] == 2 * 77
+        assert_shared(a, b)
+
+
+def _status_threads_stopped(pid):
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("t", "T"):
+                yield int(tid)
+
+
+def test_legacy_ipc_through_the_shim(lc, workload):
+    """cudaIpc-style sharing of cuMemAlloc memory, through the shim's own IPC handles."""
+    a, b = workload(), workload()
+    a.do(f"malloc buf {SIZE}")
+    handle = a.do("ipcget buf")["handle"]
+    b.do(f"ipcopen buf {handle} {SIZE}")
+    for cycle in range(2):
+        write(a, "buf", 50 + cycle)
+        suspend(lc, a.pid, b.pid)
+        assert device_usage(lc, a.pid) == 0
+        resume(lc, a.pid, b.pid)
+        assert values(b, "buf") == [50 + cycle] * 4
+        assert_shared(a, b)
+
+
+def test_tree_suspends_children(lc, workload, tmp_path):
+    """--tree: a pid and its descendants (here the test runner is not the parent: one pid)."""
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    write(a, "buf", 3)
+    suspend(lc, a.pid, args=("--tree",))
+    assert device_usage(lc, a.pid) == 0
+    resume(lc, a.pid)
+    assert values(a, "buf") == [3] * 4

@@ -1,0 +1,163 @@
+"""Failures: every step of suspend rolls back and says which step failed; a failed resume can be
+retried once the cause is fixed; what cannot be suspended is refused before anything changes."""
+import json
+import os
+
+import pytest
+
+from conftest import wait_for
+from lctest import (assert_shared, device_usage, resume, shim_state, share, suspend, values,
+                    write)
+
+ROLLED_BACK = "rolled back, the workload runs as before"
+
+
+def pair(lc, workload, tmp_path, a_env=None, b_env=None):
+    a = workload(dict(lc.app, **(a_env or {})))
+    b = workload(dict(lc.app, **(b_env or {})))
+    share(a, b, tmp_path)
+    write(a, "buf", 42)
+    return a, b
+
+
+def assert_runs_as_before(lc, a, b):
+    """Same contents, sharing live, gates open, nothing held, and a new suspend/resume works."""
+    assert values(b, "buf") == [42] * 4
+    assert shim_state(lc, a.pid) == "running" and shim_state(lc, b.pid) == "running"
+    assert not [f for f in os.listdir(lc.run_dir) if f.startswith("pid-")]
+    assert_shared(a, b)
+    write(a, "buf", 43)
+    suspend(lc, a.pid, b.pid)
+    resume(lc, a.pid)
+    assert values(b, "buf") == [43] * 4
+
+
+@pytest.mark.parametrize("step, fail", [
+    ("lock", "cuCheckpointProcessLock=1"),
+    ("checkpoint", "cuCheckpointProcessCheckpoint=1"),
+])
+def test_driver_failure_rolls_back(lc, workload, tmp_path, step, fail):
+    a, b = pair(lc, workload, tmp_path)
+    usage = device_usage(lc, a.pid)
+    r = suspend(lc, a.pid, b.pid, ok=False, env=dict(lc.tool, FAKECUDA_FAIL=fail))
+    assert r.returncode != 0
+    assert f"failed at step {step}" in r.stderr and ROLLED_BACK in r.stderr, r.stderr
+    assert device_usage(lc, a.pid) == usage
+    assert_runs_as_before(lc, a, b)
+
+
+def test_unwritable_store_rolls_back(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    not_a_dir = tmp_path / "store-is-a-file"
+    not_a_dir.write_text("")
+    r = suspend(lc, a.pid, b.pid, ok=False, env=dict(lc.tool, CRIU_GPUSHARE_STORE=str(not_a_dir)))
+    assert r.returncode != 0
+    assert "failed at step save" in r.stderr and ROLLED_BACK in r.stderr, r.stderr
+    assert_runs_as_before(lc, a, b)
+
+
+def test_release_failure_in_one_process_rolls_back_both(lc, workload, tmp_path):
+    # The importer's first cuMemUnmap is the shim's release of its import mapping.
+    a, b = pair(lc, workload, tmp_path, b_env={"FAKECUDA_FAIL": "cuMemUnmap=1"})
+    r = suspend(lc, a.pid, b.pid, ok=False)
+    assert r.returncode != 0
+    assert "failed at step release" in r.stderr and ROLLED_BACK in r.stderr, r.stderr
+    assert "cuMemUnmap of import" in r.stderr
+    assert_runs_as_before(lc, a, b)
+
+
+def test_shim_refusal_rolls_back(lc, workload, tmp_path):
+    """A shim that refuses a step (multicast objects: not supported by suspend yet)."""
+    a, b = pair(lc, workload, tmp_path)
+    b.do("cumem mcmem 2097152")
+    b.do("mc mcmem")
+    r = suspend(lc, a.pid, b.pid, ok=False)
+    assert r.returncode != 0
+    assert "failed at step release" in r.stderr and "multicast" in r.stderr, r.stderr
+    assert ROLLED_BACK in r.stderr
+    assert values(b, "buf") == [42] * 4
+    assert_shared(a, b)
+
+
+def test_busy_quiesce_times_out_and_reopens(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    a.do("sleep 3000000")  # a 3 s kernel: the GPU does not drain within the timeout
+    r = suspend(lc, a.pid, b.pid, ok=False, args=("--timeout", "0.5"))
+    assert r.returncode == 7, r.stderr  # BusyError
+    assert "failed at step quiesce" in r.stderr and ROLLED_BACK in r.stderr, r.stderr
+    a.do("sync", timeout=10)
+    assert_runs_as_before(lc, a, b)
+
+
+@pytest.mark.parametrize("step, fail", [("restore", "cuCheckpointProcessRestore=1"),
+                                        ("unlock", "cuCheckpointProcessUnlock=1")])
+def test_failed_resume_is_retried(lc, workload, tmp_path, step, fail):
+    """The holder was started with the failure injected: its first resume fails at that step."""
+    a, b = pair(lc, workload, tmp_path)
+    suspend(lc, a.pid, b.pid, env=dict(lc.tool, FAKECUDA_FAIL=fail))
+    r = resume(lc, a.pid, ok=False)
+    assert r.returncode != 0
+    assert f"resume failed at step {step}" in r.stderr and "resume again" in r.stderr, r.stderr
+    status = lc.cli("status", a.pid)
+    assert "suspended by criu-gpushare" in status.stdout
+    resume(lc, b.pid)
+    assert values(b, "buf") == [42] * 4
+    assert_shared(a, b)
+
+
+def test_failed_recreate_is_retried(lc, workload, tmp_path):
+    # The exporter's first cuMemCreate is its own; the second is the shim's re-creation.
+    a, b = pair(lc, workload, tmp_path, a_env={"FAKECUDA_FAIL": "cuMemCreate=2"})
+    suspend(lc, a.pid, b.pid)
+    r = resume(lc, a.pid, ok=False)
+    assert r.returncode != 0
+    assert "resume failed at step recreate" in r.stderr and "cuMemCreate" in r.stderr, r.stderr
+    resume(lc, a.pid)
+    assert values(b, "buf") == [42] * 4
+    assert_shared(a, b)
+
+
+def test_store_moved_away_then_back(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    suspend(lc, a.pid, b.pid)
+    os.rename(lc.store, lc.store + ".away")
+    r = resume(lc, a.pid, ok=False)
+    assert r.returncode != 0 and "resume failed at step load" in r.stderr, r.stderr
+    os.rename(lc.store + ".away", lc.store)
+    resume(lc, a.pid)
+    assert values(b, "buf") == [42] * 4
+    assert_shared(a, b)
+
+
+def test_cuda_process_without_shim_refused(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    plain = workload(lc.tool)  # CUDA, no shim
+    plain.do("malloc x 4096")
+    r = suspend(lc, a.pid, b.pid, plain.pid, ok=False)
+    assert r.returncode == 5, r.stderr
+    assert f"process {plain.pid}: uses CUDA without the criu-gpushare shim" in r.stderr
+    assert "quiesce" not in r.stderr  # refused before anything changed
+    assert shim_state(lc, a.pid) == "running"
+    assert_shared(a, b)
+
+
+def test_importer_outside_the_group_refused(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    r = suspend(lc, a.pid, ok=False)
+    assert r.returncode == 5, r.stderr
+    assert f"process {b.pid}" in r.stderr and "suspend them together" in r.stderr
+    assert shim_state(lc, a.pid) == "running"
+    assert_shared(a, b)
+
+
+def test_status_json_shows_state(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    suspend(lc, a.pid, b.pid)
+    st = json.loads(lc.cli("status", b.pid, "--json").stdout)
+    assert st["state"] == "released"
+    assert all(i["dropped"] for i in st["imports"])
+    assert st["gates"]["launch"]["closed"] and st["gates"]["memory"]["closed"]
+    listing = lc.cli("status").stdout
+    assert "suspended" in listing
+    resume(lc, a.pid)
+    wait_for(lambda: shim_state(lc, b.pid) == "running", what="state running")
