@@ -158,3 +158,52 @@ def test_tree_suspends_children(lc, workload, tmp_path):
     assert device_usage(lc, a.pid) == 0
     resume(lc, a.pid)
     assert values(a, "buf") == [3] * 4
+
+
+def test_program_handles_work_after_resume(lc, workload, tmp_path):
+    """The program's handle values keep working on re-created memory: export, retain, release."""
+    a, b = workload(), workload()
+    a.do(f"cumem buf {SIZE}")
+    a.do(f"cumem spare {SIZE}")
+    a.do("retain spare")          # a second handle of the same memory, held by the program
+    write(a, "buf", 21)
+    for _ in range(2):
+        suspend(lc, a.pid)
+        resume(lc, a.pid)
+    fd = a.do("export buf")["fd"]  # the handle value from before the suspends
+    path = str(tmp_path / "late")
+    b.do(f"listen {path}")
+    a.do(f"sendfd {fd} {path}")
+    b.do(f"import buf {b.do('recvfd')['fd']} {SIZE}")
+    assert values(b, "buf") == [21] * 4
+    assert_shared(a, b)
+    a.do("release spare")          # the retained handle
+    a.do("unmap buf")
+    a.do("release buf")
+    write(b, "buf", 22)            # the importer's mapping keeps the memory
+    assert values(b, "buf") == [22] * 4
+
+
+def test_threads_submitting_work_lose_nothing(lc, workload):
+    """(e) threads launching kernels and copies as fast as they can while suspend starts: held at
+    the gates, every launch runs exactly once."""
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    a.send("hammer 2 2")
+    time.sleep(0.5)
+    suspend(lc, a.pid)
+    resume(lc, a.pid)
+    r = a.reply(30)
+    assert r["ok"], r
+    assert [v for v in r["values"]] == [[c] for c in r["counts"]]
+
+
+def test_cuda_process_without_sharing_or_shim(lc, workload):
+    """A CUDA process without the shim (nothing shared) goes through the driver's own path."""
+    p = workload(lc.tool)
+    p.do("malloc x 4194304")
+    write(p, "x", 8)
+    suspend(lc, p.pid)
+    assert device_usage(lc, p.pid) == 0
+    resume(lc, p.pid)
+    assert values(p, "x") == [8] * 4
