@@ -18,11 +18,12 @@ Resume:
   restore   cuCheckpointProcessRestore of every CHECKPOINTED pid at once (GPU map by UUID); a failure
             leaves every pid as it is, and resume can be retried
   unlock    only once every pid is restored, so no process runs without its peers
+  thaw      CPU threads restarted (nothing they touch is unmapped any more; their GPU work stays
+            held at the gates until reopen); signals that arrived meanwhile are delivered
   recreate  owners re-create their memory at the same addresses (adopters re-create adopted memory)
   load      each unit's bytes come back from the store through this process
   attach    importers map the owners' memory again at their own addresses
   reopen    host memory re-registered at the same device pointers, gates opened
-  thaw      CPU threads restarted; signals that arrived meanwhile are delivered
 A failure during suspend undoes exactly what was done, in reverse order, and says which step failed.
 """
 import dataclasses
@@ -66,7 +67,7 @@ class ResumeFailed(Error):
 
     def __str__(self):
         return (f"resume failed at step {self.step}: {self.cause}; the processes stay suspended "
-                "(frozen, their GPU memory in the store): fix the cause and resume again")
+                "(their GPU work held, their GPU memory in the store): fix the cause and resume again")
 
 
 @dataclasses.dataclass
@@ -225,16 +226,19 @@ class Group:
     # -- resume and rollback -------------------------------------------------------------------
 
     def resume(self, gpu_map=None):
-        """Bring the group back; on failure the group stays frozen and resume can be retried."""
+        """Bring the group back; on failure its GPU work stays held and resume can be retried."""
         self.times = {}
         t0 = time.monotonic()
         undo = [("checkpoint", "restore", lambda: self._restore(gpu_map)),
                 ("lock", "unlock", self._unlock),
+                # Once the driver has restored its memory nothing a CPU thread touches is unmapped
+                # (GPU work stays held at the gates), and a thread frozen inside the shim's state
+                # lock would block every shim command below.
+                ("freeze", "thaw", self.freezer.thaw),
                 ("release", "recreate", self._recreate),
                 ("release", "load", self._load),
                 ("release", "attach", self._attach),
-                ("quiesce", "reopen", lambda: self._each_shim("resume")),
-                ("freeze", "thaw", self.freezer.thaw)]
+                ("quiesce", "reopen", lambda: self._each_shim("resume"))]
         self.load_stats = CopyStats()
         for done_step, step, fn in undo:
             if done_step in self.done:
