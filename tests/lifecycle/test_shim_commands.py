@@ -1,0 +1,76 @@
+"""The shim's suspend/resume commands one by one (protocol.md, "Suspend and resume"), without the
+tool: what each drops and brings back, idempotence, and the refusals."""
+import os
+
+import pytest
+
+from criu_gpushare import control
+from criu_gpushare.errors import ShimError
+
+from lctest import SIZE, device_usage, share, values, write
+
+
+def test_commands_need_the_quiesced_state(workload):
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    for cmd in ("release", "void-exports", "recreate"):
+        with pytest.raises(ShimError, match=f"{cmd} not-quiesced"):
+            control.request(a.pid, cmd)
+    with pytest.raises(ShimError, match="adopt not-quiesced"):
+        control.request(a.pid, "adopt", id=1)
+    assert control.status(a.pid)["state"] == "running"
+    write(a, "buf", 3)  # nothing was dropped
+    assert values(a, "buf") == [3] * 4
+
+
+def test_bad_requests(workload):
+    a = workload()
+    control.quiesce(a.pid)
+    with pytest.raises(ShimError, match="attach bad-request: attach takes exactly one fd"):
+        control.request(a.pid, "attach", id=1)
+    with pytest.raises(ShimError, match="adopt bad-request"):
+        control.request(a.pid, "adopt")
+    with pytest.raises(ShimError, match="bad-request"):
+        control.request(a.pid, "release", only="owned")
+    with pytest.raises(ShimError, match="export-import gone"):
+        control.request(a.pid, "export-import", id=999)
+    control.resume(a.pid)
+
+
+def test_release_recreate_resume_by_hand(lc, workload, tmp_path):
+    a, b = workload(), workload()
+    export_fd, _ = share(a, b, tmp_path)
+    a.do("hostalloc pinned 65536 0")
+    for w in (a, b):
+        control.quiesce(w.pid)
+    assert control.status(a.pid)["state"] == "quiesced"
+    reply, _ = control.request(b.pid, "release", only="imports")
+    assert reply["imports"] == 1 and reply["allocations"] == 0
+    reply, _ = control.request(a.pid, "release")
+    assert (reply["allocations"], reply["host_buffers"]) == (1, 1)
+    assert control.request(a.pid, "release")[0]["allocations"] == 0  # idempotent
+    st = control.status(a.pid)
+    assert st["state"] == "released"
+    assert all(x["dropped"] for x in st["allocations"] + st["mappings"] + st["host_buffers"])
+    # the gates stay closed while anything is released
+    with pytest.raises(ShimError, match="resume refused: 1 allocation"):
+        control.resume(a.pid)
+    reply, _ = control.request(a.pid, "void-exports")
+    assert reply["voided"] == 1
+    assert os.readlink(f"/proc/{a.pid}/fd/{export_fd}") == "/dev/null"
+    assert device_usage(lc, a.pid) == 0
+    assert control.request(a.pid, "recreate")[0]["recreated"] == 1
+    assert control.request(a.pid, "recreate")[0]["recreated"] == 0  # idempotent
+    reply, fds = control.request(a.pid, "export", id=st["allocations"][0]["id"])
+    try:
+        imp = control.status(b.pid)["imports"][0]
+        assert control.request(b.pid, "attach", fds=(fds[0],), id=imp["id"])[0]["attached"]
+        assert not control.request(b.pid, "attach", fds=(fds[0],), id=imp["id"])[0]["attached"]
+    finally:
+        os.close(fds[0])
+    for w in (a, b):
+        control.resume(w.pid)
+    st = control.status(a.pid)
+    assert st["state"] == "running" and not st["host_buffers"][0]["dropped"]
+    write(a, "buf", 12)
+    assert values(b, "buf") == [12] * 4
