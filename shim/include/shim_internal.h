@@ -330,8 +330,9 @@ int gs_resolve_pending_imports(void);
 /* The program's handle value -> the object's current handle (unchanged when not re-created).
  * Call without the state lock. */
 CUmemGenericAllocationHandle gs_xlat(CUmemGenericAllocationHandle h);
-/* The program no longer holds value app (released, or the driver handed it out anew). Lock held. */
-void gs_xlat_forget(CUmemGenericAllocationHandle app);
+/* The program released one reference of value app (all = 0), or the driver handed the value out
+ * anew (all = 1). Lock held. */
+void gs_xlat_forget(CUmemGenericAllocationHandle app, int all);
 int gs_lifecycle_command_known(const char *cmd);
 int gs_lifecycle_takes_fd(const char *cmd);
 /* Runs a suspend/resume command: NULL on success (reply fields in body, *fd_out an fd to send or

@@ -115,7 +115,7 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     }
     if (r == CUDA_SUCCESS) {
         gs_lock();
-        gs_xlat_forget(*handle); /* a value the driver reuses means the new object now */
+        gs_xlat_forget(*handle, 1); /* a value the driver reuses means the new object now */
         struct gs_alloc *a = GS_PUSH(gs.allocs);
         memset(a, 0, sizeof(*a));
         a->id = gs_new_id();
@@ -146,7 +146,7 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
         return r;
     }
     gs_lock();
-    gs_xlat_forget(app);
+    gs_xlat_forget(app, 0);
     int found = 0;
     for (size_t i = 0; i < gs.aliases.n; i++)
         if (gs.aliases.v[i].h == handle) {
@@ -261,7 +261,7 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
         return r;
     }
     gs_lock();
-    gs_xlat_forget(*handle);
+    gs_xlat_forget(*handle, 1);
     struct gs_map *m = gs_find_map_at((CUdeviceptr)(uintptr_t)addr);
     if (m && m->kind != GS_OBJ_UNKNOWN) {
         struct gs_alias *al = GS_PUSH(gs.aliases);

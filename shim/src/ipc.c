@@ -314,7 +314,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
             keep = fcntl(fd, F_DUPFD_CLOEXEC, 3); /* ask again at quiesce */
     }
     gs_lock();
-    gs_xlat_forget(*handle); /* a value the driver reuses means the new object now */
+    gs_xlat_forget(*handle, 1); /* a value the driver reuses means the new object now */
     if (o.is_mc) {
         /* A multicast object joined from its creator: devices and binds are tracked on it. */
         struct gs_mcast *mc = GS_PUSH(gs.mcasts);

@@ -101,13 +101,18 @@ CUmemGenericAllocationHandle gs_xlat(CUmemGenericAllocationHandle h)
     return h;
 }
 
-void gs_xlat_forget(CUmemGenericAllocationHandle app)
+void gs_xlat_forget(CUmemGenericAllocationHandle app, int all)
 {
+    /* One entry per reference the program holds (a retained handle may have the same value as
+     * the allocation's own): a release drops one. */
     for (size_t i = 0; i < gs.xlat.n;)
-        if (gs.xlat.v[i].app == app)
+        if (gs.xlat.v[i].app == app) {
             GS_DEL(gs.xlat, i);
-        else
+            if (!all)
+                return;
+        } else {
             i++;
+        }
 }
 
 /* The object whose current handle is old now has handle nw: whatever value the application holds
