@@ -57,6 +57,15 @@ class StepFailed(Error):
         return f"suspend failed at step {self.step}: {self.cause}{tail}"
 
 
+def driver_lock():
+    """The node-wide lock around driver checkpoint calls (two processes calling at once hang the
+    driver): ck.DEFAULT_LOCK_PATH as root, else a file in this user's state directory."""
+    from .holder import state_dir
+    if os.geteuid() == 0:
+        return ck.DriverLock()
+    return ck.DriverLock(os.path.join(state_dir(), "driver.lock"))
+
+
 class ResumeFailed(Error):
     """{} failed: {}"""
 
@@ -210,10 +219,12 @@ class Group:
         self._each_shim("void-exports")
 
     def _lock(self):
-        ck.raise_first(ck.lock_all(self.pids_with_cuda(), int(self.options.timeout_s * 1000)))
+        with driver_lock():
+            ck.raise_first(ck.lock_all(self.pids_with_cuda(), int(self.options.timeout_s * 1000)))
 
     def _checkpoint(self):
-        ck.raise_first(ck.checkpoint_all(self.pids_with_cuda()))
+        with driver_lock():
+            ck.raise_first(ck.checkpoint_all(self.pids_with_cuda()))
 
     def _freeze(self):
         # Only processes with CUDA state lose mappings at the checkpoint; the others run on.
@@ -260,11 +271,13 @@ class Group:
             from .driver import gpus
             pairs = ck.gpu_map(checkpointed_gpus, [u for _, _, u in gpus()], gpu_map)
         todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
-        ck.raise_first(ck.restore_all(todo, pairs))
+        with driver_lock():
+            ck.raise_first(ck.restore_all(todo, pairs))
 
     def _unlock(self):
         locked = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.LOCKED]
-        ck.raise_first(ck.unlock_all(locked))
+        with driver_lock():
+            ck.raise_first(ck.unlock_all(locked))
 
     def _recreate(self):
         for pid in self.shim_pids:
