@@ -93,7 +93,7 @@ finish() {
             || FAILED=1
         echo "-- real driver: shim, suspend/resume, CRIU integration"
         cat "$OUT/real-driver-results.txt" 2>/dev/null || echo "not run"
-        tail -n 1 "$OUT/real-driver-tests.log" 2>/dev/null
+        grep -E '^=+ .*(passed|failed|error).* =+$' "$OUT/real-driver-tests.log" 2>/dev/null
         echo "-- cleanup"
         cat "$OUT/cleanup.txt"
         echo "-- files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
@@ -197,12 +197,14 @@ step "pytest tests/gpu" "$rc"
 # The same suites that run on the fake driver in CI, here against the real driver (tests that only
 # the fake can run, e.g. two devices or multicast, skip with their reason), plus CRIU integration.
 banner "shim, suspend/resume and CRIU tests on the real driver"
-CRIU_GPUSHARE_TEST_DRIVER=real timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest \
-    tests/shim tests/lifecycle tests/integration -v -rs -p no:cacheprovider \
-    --junitxml="$OUT/junit-real.xml" 2>&1 | tee "$OUT/real-driver-tests.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
-step "pytest tests/shim tests/lifecycle tests/integration (real driver)" "$rc"
+: >"$OUT/real-driver-tests.log"
+for suite in tests/shim tests/lifecycle tests/integration; do  # one pytest each: own conftest
+    CRIU_GPUSHARE_TEST_DRIVER=real timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest "$suite" \
+        -v -rs -p no:cacheprovider 2>&1 | tee -a "$OUT/real-driver-tests.log"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
+    step "pytest $suite (real driver)" "$rc"
+done
 grep -E "^tests/.*(PASSED|FAILED|SKIPPED|ERROR)" "$OUT/real-driver-tests.log" | sed 's/ *\[ *[0-9]*%\]$//' \
     >"$OUT/real-driver-results.txt"
 
