@@ -167,7 +167,11 @@ def _run(fn, report):
     try:
         return _done(True, result=fn(report))
     except Error as e:
-        return _done(False, str(e), e.exit_code)
+        final = _done(False, str(e), e.exit_code)
+        # A failure that leaves the group held (a rollback that failed too): the holder stays, so
+        # that `resume` can retry once the cause is fixed.
+        final["held"] = bool(getattr(e, "group_held", False))
+        return final
     except Exception as e:  # a bug: keep the traceback in the log
         traceback.print_exc()
         return _done(False, f"internal error: {e!r}", EXIT_BUG)
@@ -200,12 +204,13 @@ def _holder_main(work, wfd):
         to_pipe(_done(False, f"cannot listen on {sock_path}: {e.strerror}", Error.exit_code))
         return
     final = _run(work.suspend, _Reporter(to_pipe))
-    if final["ok"]:
+    held = final["ok"] or final.get("held")
+    if held:
         for pid in work.pids:
             _write_pid_file(pid, work.key)
     to_pipe(final)
     pipe.close()
-    if not final["ok"]:
+    if not held:
         listener.close()
         os.unlink(sock_path)
         return

@@ -49,11 +49,13 @@ class StepFailed(Error):
     def __init__(self, step, cause, rolled_back=True):
         super().__init__(step, cause)
         self.step, self.cause, self.rolled_back = step, cause, rolled_back
+        self.group_held = not rolled_back  # the holder stays, for `resume` to retry the rollback
         self.exit_code = getattr(cause, "exit_code", Error.exit_code)
 
     def __str__(self):
         tail = ("; rolled back, the workload runs as before" if self.rolled_back
-                else "; the rollback failed too: see `criu-gpushare status`")
+                else "; the rollback failed too: the group stays held; fix the cause and run "
+                     "`criu-gpushare resume` to retry it (`criu-gpushare status` shows each process)")
         return f"suspend failed at step {self.step}: {self.cause}{tail}"
 
 

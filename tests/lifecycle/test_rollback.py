@@ -161,3 +161,16 @@ def test_status_json_shows_state(lc, workload, tmp_path):
     assert "suspended" in listing
     resume(lc, a.pid)
     wait_for(lambda: shim_state(lc, b.pid) == "running", what="state running")
+
+
+def test_failed_rollback_keeps_the_group_held_for_resume(lc, workload, tmp_path):
+    """The lock fails, then the rollback's re-creation fails too (the exporter's 2nd cuMemCreate):
+    the group stays held, and `resume` retries the rollback."""
+    a, b = pair(lc, workload, tmp_path, a_env={"FAKECUDA_FAIL": "cuMemCreate=2"})
+    r = suspend(lc, a.pid, b.pid, ok=False,
+                env=dict(lc.tool, FAKECUDA_FAIL="cuCheckpointProcessLock=1"))
+    assert r.returncode != 0
+    assert "failed at step lock" in r.stderr and "the rollback failed too" in r.stderr, r.stderr
+    assert "suspended by criu-gpushare" in lc.cli("status", a.pid).stdout
+    resume(lc, b.pid)
+    assert_runs_as_before(lc, a, b)
