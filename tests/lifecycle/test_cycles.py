@@ -207,3 +207,21 @@ def test_cuda_process_without_sharing_or_shim(lc, workload):
     assert device_usage(lc, p.pid) == 0
     resume(lc, p.pid)
     assert values(p, "x") == [8] * 4
+
+
+def test_handles_released_after_mapping(lc, workload, tmp_path):
+    """NCCL's pattern: both sides release their handles once mapped; the mappings hold the memory."""
+    a, b = workload(), workload()
+    share(a, b, tmp_path)
+    a.do("release buf")
+    b.do("release buf")
+    for cycle in range(2):
+        write(a, "buf", 60 + cycle)
+        suspend(lc, a.pid, b.pid)
+        assert device_usage(lc, a.pid) == 0
+        resume(lc, a.pid)
+        assert values(b, "buf") == [60 + cycle] * 4
+        assert_shared(a, b)
+    for w in (a, b):  # unmapping frees it as before: nothing is left held by the shim
+        w.do("unmap buf")
+    assert device_usage(lc, a.pid) == 0
