@@ -1,5 +1,6 @@
-"""Fixtures of the suspend/resume tests: workloads under the shim over the fake driver, and the
-`criu-gpushare` CLI run as a user would (its own process, the fake driver, no shim)."""
+"""Fixtures of the suspend/resume tests: workloads under the shim over the fake driver (or the real
+one with CRIU_GPUSHARE_TEST_DRIVER=real), and the `criu-gpushare` CLI run as a user would (its own
+process, the same driver, no shim)."""
 from __future__ import annotations
 
 import glob
@@ -15,7 +16,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "shim"))
 
-from shimtest import Workload  # noqa: E402  (tests/shim/shimtest.py)
+from shimtest import NO_MULTICAST_ENV, REAL_DRIVER, Workload  # noqa: E402  (tests/shim/shimtest.py)
 
 from criu_gpushare.shimlib import shim_path  # noqa: E402
 
@@ -41,12 +42,12 @@ class LcWorkload(Workload):
 class Env:
     """Paths and environments of one test: the tool's and the workloads'."""
 
-    def __init__(self, fake_env, tmp_path):
+    def __init__(self, base_env, tmp_path):
         self.run_dir = str(tmp_path / "run")
         self.store = str(tmp_path / "store")
-        self.state = fake_env["FAKECUDA_STATE"]
+        self.state = base_env.get("FAKECUDA_STATE")  # None with the real driver
         os.mkdir(self.run_dir, 0o700)
-        self.tool = dict(fake_env, CRIU_GPUSHARE_RUN_DIR=self.run_dir, CRIU_GPUSHARE_STORE=self.store,
+        self.tool = dict(base_env, CRIU_GPUSHARE_RUN_DIR=self.run_dir, CRIU_GPUSHARE_STORE=self.store,
                          CRIU_GPUSHARE_CACHE="")
         self.tool.pop("LD_PRELOAD", None)
         self.app = dict(self.tool, LD_PRELOAD=shim_path())
@@ -80,9 +81,10 @@ class Env:
 
 
 @pytest.fixture
-def lc(fake_env, tmp_path):
+def lc(request, tmp_path):
     """The test's Env; holders still running at the end are stopped."""
-    env = Env(fake_env, tmp_path)
+    base = dict(os.environ, **NO_MULTICAST_ENV) if REAL_DRIVER else request.getfixturevalue("fake_env")
+    env = Env(base, tmp_path)
     yield env
     env.kill_holders()
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 
 from fakecuda.usage import read_usage
 
@@ -43,7 +45,31 @@ def assert_shared(a, b, name="buf", value=None):
 
 
 def device_usage(lc, pid):
-    return sum(read_usage(lc.state).get(pid, {}).values())
+    """Bytes of GPU memory pid holds now: the fake's usage files, or nvidia-smi with the real
+    driver (context memory included); None when that cannot be known."""
+    if lc.state:
+        return sum(read_usage(lc.state).get(pid, {}).values())
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    out = subprocess.run([smi, "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, timeout=30).stdout
+    used = 0
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            used += int(fields[1]) << 20
+    return used
+
+
+def assert_no_gpu_memory(lc, pid):
+    used = device_usage(lc, pid)
+    assert used in (0, None), f"pid {pid} still holds {used} bytes of GPU memory"
+
+
+def assert_gpu_memory(lc, pid):
+    used = device_usage(lc, pid)
+    assert used is None or used > 0, f"pid {pid} holds no GPU memory"
 
 
 def shim_state(lc, pid):

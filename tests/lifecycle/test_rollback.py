@@ -8,6 +8,7 @@ import pytest
 from conftest import wait_for
 from lctest import (assert_shared, device_usage, resume, shim_state, share, suspend, values,
                     write)
+from shimtest import fake_only
 
 ROLLED_BACK = "rolled back, the workload runs as before"
 
@@ -32,6 +33,7 @@ def assert_runs_as_before(lc, a, b):
     assert values(b, "buf") == [43] * 4
 
 
+@fake_only
 @pytest.mark.parametrize("step, fail", [
     ("lock", "cuCheckpointProcessLock=1"),
     ("checkpoint", "cuCheckpointProcessCheckpoint=1"),
@@ -56,6 +58,7 @@ def test_unwritable_store_rolls_back(lc, workload, tmp_path):
     assert_runs_as_before(lc, a, b)
 
 
+@fake_only
 def test_release_failure_in_one_process_rolls_back_both(lc, workload, tmp_path):
     # The importer's first cuMemUnmap is the shim's release of its import mapping.
     a, b = pair(lc, workload, tmp_path, b_env={"FAKECUDA_FAIL": "cuMemUnmap=1"})
@@ -66,6 +69,7 @@ def test_release_failure_in_one_process_rolls_back_both(lc, workload, tmp_path):
     assert_runs_as_before(lc, a, b)
 
 
+@fake_only
 def test_shim_refusal_rolls_back(lc, workload, tmp_path):
     """A shim that refuses a step (multicast objects: not supported by suspend yet)."""
     a, b = pair(lc, workload, tmp_path)
@@ -89,6 +93,7 @@ def test_busy_quiesce_times_out_and_reopens(lc, workload, tmp_path):
     assert_runs_as_before(lc, a, b)
 
 
+@fake_only
 @pytest.mark.parametrize("step, fail", [("restore", "cuCheckpointProcessRestore=1"),
                                         ("unlock", "cuCheckpointProcessUnlock=1")])
 def test_failed_resume_is_retried(lc, workload, tmp_path, step, fail):
@@ -105,6 +110,7 @@ def test_failed_resume_is_retried(lc, workload, tmp_path, step, fail):
     assert_shared(a, b)
 
 
+@fake_only
 def test_failed_recreate_is_retried(lc, workload, tmp_path):
     # The exporter's first cuMemCreate is its own; the second is the shim's re-creation.
     a, b = pair(lc, workload, tmp_path, a_env={"FAKECUDA_FAIL": "cuMemCreate=2"})
@@ -163,6 +169,7 @@ def test_status_json_shows_state(lc, workload, tmp_path):
     wait_for(lambda: shim_state(lc, b.pid) == "running", what="state running")
 
 
+@fake_only
 def test_failed_rollback_keeps_the_group_held_for_resume(lc, workload, tmp_path):
     """The lock fails, then the rollback's re-creation fails too (the exporter's 2nd cuMemCreate):
     the group stays held, and `resume` retries the rollback."""
