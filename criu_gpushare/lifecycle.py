@@ -208,7 +208,7 @@ class Group:
             now = time.monotonic()
             if now >= state["next"] or state["done"] >= total:
                 state["next"] = now + 1.0
-                self.report(f"  {verb} {state['done'] / 2**30:.2f} / {total / 2**30:.2f} GiB")
+                self.report(f"  {verb} {_size(state['done'])} / {_size(total)}")
         return progress
 
     def _release(self):

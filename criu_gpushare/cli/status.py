@@ -21,10 +21,14 @@ def _summary_line(pid, st):
     size = sum(a["size"] for a in allocs)
     gates = st.get("gates", {})
     held = [g for g in ("launch", "memory") if gates.get(g, {}).get("closed")]
-    return (f"{pid:>8}  {_state(pid, st):<9}  {len(allocs):>5} alloc ({_mib(size):>11})  {len(st.get('imports', [])):>3} "
-            f"import  {len(st.get('exports', [])):>3} export  {len(st.get('host_buffers', [])):>3} "
+    return (f"{pid:>8}  {_state(pid, st):<9}  {len(allocs):>5} alloc ({_mib(size):>11})  "
+            f"{len(st.get('imports', [])):>3} import  {len(st.get('exports', [])):>3} export  {len(st.get('host_buffers', [])):>3} "
             f"host  gates {'held: ' + '+'.join(held) if held else 'open'}"
             + ("  UNTRACKED" if st.get("untracked") else ""))
+
+
+def _dropped(obj):
+    return "  [released for suspend]" if obj.get("dropped") else ""
 
 
 def _state(pid, st):
@@ -55,20 +59,22 @@ def _show(pid, st):
     out(f"  allocations: {len(st['allocations'])}")
     for a in st["allocations"]:
         out(f"    #{a['id']:<4} {a['origin']:<11} device {a['device']}  {_mib(a['size']):>11}  "
-            f"exports {a['exports']}" + ("  (released by the app)" if a["app_released"] else ""))
+            f"exports {a['exports']}" + ("  (released by the app)" if a["app_released"] else "")
+            + _dropped(a))
     out(f"  mappings: {len(st['mappings'])}")
     for m in st["mappings"]:
         acc = ",".join(f"{x['location']}:{x['prot']}" for x in m["access"]) or "-"
-        out(f"    0x{m['va']:x} +{_mib(m['size'])}  {m['object']} #{m['id']}  access {acc}")
+        out(f"    0x{m['va']:x} +{_mib(m['size'])}  {m['object']} #{m['id']}  access {acc}" + _dropped(m))
     out(f"  imports: {len(st['imports'])}")
     for i in st["imports"]:
         exp = i["exporter"]
         src = f"pid {exp['pid']} allocation #{exp['id']}" if exp else "exporter unknown"
-        out(f"    #{i['id']:<4} {i['kind']:<8} from {src}")
+        out(f"    #{i['id']:<4} {i['kind']:<8} from {src}" + _dropped(i))
     out(f"  exports: {len(st['exports'])}")
     out(f"  host buffers: {len(st['host_buffers'])}")
     for h in st["host_buffers"]:
-        out(f"    0x{h['ptr']:x} {_mib(h['size'])}" + ("  (shim-allocated)" if h["owned"] else ""))
+        out(f"    0x{h['ptr']:x} {_mib(h['size'])}" + ("  (shim-allocated)" if h["owned"] else "")
+            + _dropped(h))
     if st.get("peer_access"):
         out("  peer access: " + ", ".join(f"{p['accessor']}->{p['owner']}" for p in st["peer_access"]))
     if st.get("multicast"):

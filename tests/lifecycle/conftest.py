@@ -9,7 +9,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -106,12 +105,3 @@ def workload(lc):
         if w.proc.poll() is None:
             w.proc.kill()
             w.proc.wait()
-
-
-def wait_for(cond, timeout=10.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"{what} not reached within {timeout} s")

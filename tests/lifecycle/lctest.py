@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 
 from fakecuda.usage import read_usage
 
@@ -99,3 +100,12 @@ def fd_target(w, fd):
 
 def exists(path):
     return os.path.exists(path)
+
+
+def wait_for(cond, timeout=10.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout} s")

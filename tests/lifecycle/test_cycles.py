@@ -4,9 +4,8 @@ import os
 import signal
 import time
 
-from conftest import wait_for
 from lctest import (SIZE, assert_gpu_memory, assert_no_gpu_memory, assert_shared, device_usage,
-                    fd_target, resume, shim_state, share, suspend, values, write)
+                    fd_target, resume, shim_state, share, suspend, values, wait_for, write)
 
 
 def test_fd_export_pair_three_cycles(lc, workload, tmp_path):

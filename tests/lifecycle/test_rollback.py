@@ -5,9 +5,8 @@ import os
 
 import pytest
 
-from conftest import wait_for
 from lctest import (assert_shared, device_usage, resume, shim_state, share, suspend, values,
-                    write)
+                    wait_for, write)
 from shimtest import fake_only
 
 ROLLED_BACK = "rolled back, the workload runs as before"
