@@ -140,6 +140,9 @@ struct gs_import {
     pid_t exporter_pid;
     uint64_t exporter_id;
     int unresolved_fd; /* kept dup while the exporter is unknown, else -1 */
+    int import_fd;     /* kept dup of the fd it was imported from, else -1: the driver will not
+                        * export an imported handle, so memory whose exporter freed it is saved
+                        * through this fd (closed at release: it pins the memory) */
     int app_released;
     int dropped;
 };

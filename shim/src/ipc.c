@@ -337,6 +337,9 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
     im->exporter_id = o.id;
     im->size = o.size; /* 0 until the exporter is known, or the first mapping tells */
     im->unresolved_fd = keep;
+    im->import_fd = shHandleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+                        ? fcntl((int)(intptr_t)osHandle, F_DUPFD_CLOEXEC, 3)
+                        : -1;
     gs_unlock();
     gs_depth--;
     return r;
@@ -404,9 +407,11 @@ static CUresult open_shim_handle(const struct gs_ipc_handle *w, unsigned flags, 
     CUmemGenericAllocationHandle h;
     CUresult r = REAL(cuMemImportFromShareableHandle)(&h, (void *)(intptr_t)fd,
                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
-    close(fd);
-    if (r != CUDA_SUCCESS)
+    if (r != CUDA_SUCCESS) {
+        close(fd);
         return r;
+    }
+    int kept_fd = fd; /* becomes the import's import_fd, or is closed on failure below */
     CUdeviceptr va = 0;
     r = CU(CUresult(*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),
            cuMemAddressReserve, &va, w->size, 0, 0, 0);
@@ -442,6 +447,8 @@ static CUresult open_shim_handle(const struct gs_ipc_handle *w, unsigned flags, 
     im->exporter_pid = w->pid;
     im->exporter_id = w->alloc_id;
     im->unresolved_fd = -1;
+    im->import_fd = kept_fd;
+    kept_fd = -1;
     im->app_released = 1;
     struct gs_map *m = GS_PUSH(gs.maps);
     memset(m, 0, sizeof(*m));
@@ -460,6 +467,7 @@ free_va:
     CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, va, w->size);
 release:
     REAL(cuMemRelease)(h);
+    close(kept_fd);
     return r;
 }
 
@@ -490,6 +498,7 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
             im->kind = GS_IMPORT_IPC;
             im->va = *pdptr;
             im->unresolved_fd = -1;
+            im->import_fd = -1;
             im->app_released = 1;
             gs_unlock();
         }

@@ -354,6 +354,10 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
             return -1;
         }
         im->dropped = 1;
+        if (im->import_fd >= 0) { /* it pins the memory the checkpoint must free */
+            close(im->import_fd);
+            im->import_fd = -1;
+        }
         n_imports++;
     }
     if (imports_only)
@@ -652,6 +656,8 @@ static int attach_locked(uint64_t id, int fd, struct gs_buf *body, char *err, si
         }
     }
     import_now(im, nh);
+    if (im->import_fd < 0)
+        im->import_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
     pop_ctx(pushed);
     gs_buf_printf(body, "\"attached\":true");
     return 0;
@@ -668,6 +674,16 @@ static int export_import_locked(uint64_t id, int *fd_out, char *err, size_t errl
         snprintf(err, errlen, "export-import: import %llu is released (adopt or attach it first)",
                  (unsigned long long)id);
         return -1;
+    }
+    /* The fd it was imported from, when kept: a driver will not export an imported handle. */
+    if (im->import_fd >= 0) {
+        *fd_out = fcntl(im->import_fd, F_DUPFD_CLOEXEC, 3);
+        if (*fd_out < 0) {
+            snprintf(err, errlen, "export-import: import %llu: dup: %s", (unsigned long long)id,
+                     strerror(errno));
+            return -1;
+        }
+        return 0;
     }
     /* A handle of the memory mapped here (the program's may be released, or a legacy IPC
      * import has none). */

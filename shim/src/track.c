@@ -174,6 +174,8 @@ void gs_collect(void)
         if (im->kind == GS_IMPORT_FD && im->app_released && !mapped(GS_OBJ_IMPORT, im->id)) {
             if (im->unresolved_fd >= 0)
                 close(im->unresolved_fd);
+            if (im->import_fd >= 0)
+                close(im->import_fd);
             GS_DEL(gs.imports, i);
         } else {
             i++;
@@ -199,9 +201,12 @@ void gs_state_reset_after_fork(void)
     pthread_mutex_init(&state_mu, NULL);
     for (size_t i = 0; i < gs.exports.n; i++)
         close(gs.exports.v[i].fd);
-    for (size_t i = 0; i < gs.imports.n; i++)
+    for (size_t i = 0; i < gs.imports.n; i++) {
         if (gs.imports.v[i].unresolved_fd >= 0)
             close(gs.imports.v[i].unresolved_fd);
+        if (gs.imports.v[i].import_fd >= 0)
+            close(gs.imports.v[i].import_fd);
+    }
     /* CUDA objects do not survive fork: the child starts with nothing tracked. Host buffers the
      * shim mmapped stay mapped (fork copies them) but are no longer page-locked. */
     free(gs.allocs.v);

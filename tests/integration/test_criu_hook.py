@@ -12,14 +12,16 @@ HOOK = shutil.which("criu-gpushare-hook")
 
 
 def daemon(tmp_path, code):
-    """A session leader with no tty (CRIU dumps it without --shell-job); returns its pid."""
-    pidfile = tmp_path / "pid"
-    subprocess.run(["setsid", "-f", sys.executable, "-c",
-                    f"import os; open({str(pidfile)!r}, 'w').write(str(os.getpid())); {code}"],
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=True)
+    """A session leader with no tty (CRIU dumps it without --shell-job), our child: once CRIU has
+    dumped and killed it we reap it, so its pid is free for the restore (an init that does not
+    reap orphans would keep it taken)."""
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", f"open({str(ready)!r}, 'w').close(); {code}"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     for _ in range(200):
-        if pidfile.exists() and pidfile.read_text():
-            return int(pidfile.read_text())
+        if ready.exists():
+            return proc
         time.sleep(0.05)
     pytest.fail("daemon did not start")
 
@@ -46,14 +48,15 @@ def cleanup():
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_dump_and_restore_of_a_process_without_cuda_pass_through_the_hook(criu, tmp_path, cleanup):
-    pid = daemon(tmp_path, "import time\nwhile True: time.sleep(0.1)")
+    proc = daemon(tmp_path, "import time\nwhile True: time.sleep(0.1)")
+    pid = proc.pid
     cleanup.append(pid)
     images = tmp_path / "images"
     images.mkdir()
     dump = subprocess.run([criu, "dump", "-t", str(pid), "-D", str(images), "--action-script", HOOK,
                            "-o", "dump.log", "-v4"], capture_output=True, text=True, timeout=120)
     assert dump.returncode == 0, (images / "dump.log").read_text()[-3000:]
-    assert not alive(pid)
+    proc.wait(10)  # CRIU killed it after the dump: reap it, freeing its pid
     restore = subprocess.run([criu, "restore", "-D", str(images), "-d", "--action-script", HOOK,
                               "-o", "restore.log", "-v4"], capture_output=True, text=True, timeout=120)
     assert restore.returncode == 0, (images / "restore.log").read_text()[-3000:]
@@ -65,7 +68,8 @@ def test_dump_of_a_process_with_cuda_loaded_is_refused_and_it_keeps_running(criu
     src, lib = tmp_path / "empty.c", tmp_path / "libcuda.so.1"
     src.write_text("int fake_cuda_marker(void) { return 1; }\n")
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    pid = daemon(tmp_path, f"import ctypes, time; ctypes.CDLL({str(lib)!r})\nwhile True: time.sleep(0.1)")
+    proc = daemon(tmp_path, f"import ctypes, time; ctypes.CDLL({str(lib)!r})\nwhile True: time.sleep(0.1)")
+    pid = proc.pid
     cleanup.append(pid)
     images = tmp_path / "images"
     images.mkdir()

@@ -30,7 +30,7 @@ def consumer(inbox, outbox):
 def main():
     mib = int(sys.argv[1]) if len(sys.argv) > 1 else 256
     n = mib * (1 << 20) // 4
-    x = torch.remainder(torch.arange(n, device="cuda", dtype=torch.float32), 4096)
+    x = (torch.arange(n, device="cuda", dtype=torch.int64) % 4096).float()  # exact in float32
     torch.cuda.synchronize()
     ctx = mp.get_context("spawn")
     inbox, outbox = ctx.Queue(), ctx.Queue()
