@@ -44,7 +44,7 @@ def test_self_export_keeping_both_fds(lc, workload, tmp_path):
     fd1 = a.do("export buf")["fd"]
     fd2 = a.do("export buf")["fd"]
     a.do(f"import mirror {fd1} {SIZE}")
-    for cycle in range(2):
+    for cycle in range(3):
         write(a, "buf", 300 + cycle)
         suspend(lc, a.pid)
         assert_no_gpu_memory(lc, a.pid)
@@ -62,7 +62,7 @@ def test_exporter_freed_memory_importer_maps(lc, workload, tmp_path):
     write(a, "buf", 5)
     a.do("unmap buf")
     a.do("release buf")
-    for cycle in range(2):
+    for cycle in range(3):
         suspend(lc, a.pid, b.pid)
         assert_no_gpu_memory(lc, b.pid)
         resume(lc, a.pid, b.pid)
@@ -83,7 +83,7 @@ def test_adopted_memory_shared_by_two_importers(lc, workload, tmp_path):
     write(a, "buf", 9)
     a.do("unmap buf")
     a.do("release buf")
-    for _ in range(2):
+    for _ in range(3):
         suspend(lc, a.pid, b.pid, c.pid)
         resume(lc, a.pid)
         assert values(c, "buf") == [9] * 4
@@ -95,7 +95,7 @@ def test_work_in_flight_when_suspend_starts(lc, workload, tmp_path):
     a, b = workload(), workload()
     share(a, b, tmp_path)
     write(a, "buf", 0)
-    for cycle in range(2):
+    for cycle in range(3):
         for w in (a, b):
             w.do("sleep 300000")        # a 0.3 s kernel, then an add behind it, in each process
             w.do("add buf 1")
@@ -114,7 +114,7 @@ def test_pinned_host_reader_and_signal_while_suspended(lc, workload, tmp_path):
     a.do("hostfill pinned 77")
     a.do("reader pinned")
     a.do(f"trap {int(signal.SIGUSR1)}")
-    for cycle in range(2):
+    for cycle in range(3):
         suspend(lc, a.pid, b.pid)
         os.kill(a.pid, signal.SIGUSR1)
         time.sleep(0.3)
