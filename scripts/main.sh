@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # The main job, from a fresh checkout: install criu-gpushare into ./.venv, check the machine, then run
-# a GPU workload under the shim and check its memory.
+# a GPU workload under the shim, suspend and resume it twice (its GPU memory goes to a chunk store
+# and comes back), and check its memory.
 #   scripts/main.sh
 # Exits 3 on a machine without a usable NVIDIA GPU, saying so.
-# As the tool grows, this job grows with it: the workload is suspended and resumed in place once
-# `criu-gpushare suspend` exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -23,11 +22,18 @@ if [ ! -e /proc/driver/nvidia/version ]; then
 fi
 "$bin/criu-gpushare" doctor || echo "main.sh: some checks failed (above); continuing with what works" >&2
 
-work=$(mktemp -d); trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
+work=$(mktemp -d)
 "$bin/criu-gpushare" run -- "$bin/python" examples/hold_gpu_memory.py --mib 1024 --ready-file "$work/ready" &
 pid=$!
+trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
 for _ in $(seq 600); do [ -e "$work/ready" ] && break; sleep 0.1; done
 [ -e "$work/ready" ] || { echo "main.sh: the workload did not start" >&2; exit 1; }
 grep libcriu_gpushare "/proc/$pid/maps" >/dev/null && echo "main.sh: workload $pid runs with the shim"
-kill -TERM "$pid"; wait "$pid"
+store=${CRIU_GPUSHARE_STORE:-$work/store}
+for cycle in 1 2; do
+  CRIU_GPUSHARE_STORE=$store "$bin/criu-gpushare" suspend "$pid"   # GPU memory to the store, freed
+  CRIU_GPUSHARE_STORE=$store "$bin/criu-gpushare" resume "$pid"    # back at the same addresses
+done
+kill -TERM "$pid"
+wait "$pid"   # the workload checks its memory and exits non-zero if a byte changed
 echo "main.sh: done"
