@@ -8,11 +8,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv --system-site-packages .venv   # keeps a GPU machine's cuda-bindings and torch
+# Inside a virtual environment already (e.g. a GPU image's torch venv): install there; else ./.venv.
+if python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+  bin=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
+else
+  [ -x .venv/bin/python ] || python3 -m venv --system-site-packages .venv
+  bin=.venv/bin
 fi
-.venv/bin/python -m pip install -q . 2>/dev/null || .venv/bin/python -m pip install -q --no-build-isolation .  # offline GPU machines
-bin=.venv/bin
+"$bin/python" -m pip install -q . 2>/dev/null ||
+  "$bin/python" -m pip install -q --no-build-isolation --no-deps .  # an offline GPU machine
 
 if [ ! -e /proc/driver/nvidia/version ]; then
   echo "main.sh: this machine has no NVIDIA GPU driver (/proc/driver/nvidia is missing)." >&2
