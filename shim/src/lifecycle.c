@@ -311,6 +311,25 @@ static void remember_prop(struct gs_alloc *a)
     a->prop.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
 
+/* Unmaps every mapping of objects of `kind` not dropped yet (each marked as it goes). */
+static int unmap_kind(int kind, const char *what, int *n_maps, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->kind != kind || m->dropped)
+            continue;
+        CUresult r = REAL(cuMemUnmap)(m->va, m->size);
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemUnmap of %s %llu at 0x%llx: %s", what,
+                     (unsigned long long)m->obj_id, (unsigned long long)m->va, cu_name(r));
+            return -1;
+        }
+        m->dropped = 1;
+        (*n_maps)++;
+    }
+    return 0;
+}
+
 /* imports_only: the group's first pass (every importer drops its imports before any owner drops
  * memory, so a failure never leaves an import mapping memory that a rollback re-creates). */
 static int release_locked(int imports_only, struct gs_buf *body, char *err, size_t errlen)
@@ -318,18 +337,8 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
     int n_imports = 0, n_allocs = 0, n_maps = 0, n_hosts = 0;
     CUresult r;
     /* imports: mappings, then handles (the VA reservations stay) */
-    for (size_t i = 0; i < gs.maps.n; i++) {
-        struct gs_map *m = &gs.maps.v[i];
-        if (m->kind != GS_OBJ_IMPORT || m->dropped)
-            continue;
-        if ((r = REAL(cuMemUnmap)(m->va, m->size)) != CUDA_SUCCESS) {
-            snprintf(err, errlen, "release: cuMemUnmap of import %llu at 0x%llx: %s",
-                     (unsigned long long)m->obj_id, (unsigned long long)m->va, cu_name(r));
-            return -1;
-        }
-        m->dropped = 1;
-        n_maps++;
-    }
+    if (unmap_kind(GS_OBJ_IMPORT, "import", &n_maps, err, errlen))
+        return -1;
     for (size_t i = 0; i < gs.aliases.n; i++) {
         struct gs_alias *al = &gs.aliases.v[i];
         if (al->dropped || (al->kind != GS_OBJ_IMPORT && al->kind != GS_OBJ_ALLOC))
@@ -366,18 +375,8 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
     for (size_t i = 0; i < gs.allocs.n; i++)
         if (!gs.allocs.v[i].dropped)
             remember_prop(&gs.allocs.v[i]);
-    for (size_t i = 0; i < gs.maps.n; i++) {
-        struct gs_map *m = &gs.maps.v[i];
-        if (m->kind != GS_OBJ_ALLOC || m->dropped)
-            continue;
-        if ((r = REAL(cuMemUnmap)(m->va, m->size)) != CUDA_SUCCESS) {
-            snprintf(err, errlen, "release: cuMemUnmap of allocation %llu at 0x%llx: %s",
-                     (unsigned long long)m->obj_id, (unsigned long long)m->va, cu_name(r));
-            return -1;
-        }
-        m->dropped = 1;
-        n_maps++;
-    }
+    if (unmap_kind(GS_OBJ_ALLOC, "allocation", &n_maps, err, errlen))
+        return -1;
     for (size_t i = 0; i < gs.aliases.n; i++) {
         struct gs_alias *al = &gs.aliases.v[i];
         if (al->dropped || al->kind != GS_OBJ_ALLOC)

@@ -13,7 +13,6 @@ Extra commands:
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
 import sys
@@ -64,24 +63,5 @@ class LifecycleWorkload(base.Workload):
         return {"target": os.readlink(f"/proc/self/fd/{int(fd)}")}
 
 
-def main():
-    w = LifecycleWorkload()
-    print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
-    for line in sys.stdin:
-        words = line.split()
-        if not words:
-            continue
-        if words[0] == "exit":
-            break
-        try:
-            res = getattr(w, "cmd_" + words[0])(*words[1:]) or {}
-            res["ok"] = True
-        except base.CudaError as e:
-            res = {"ok": False, "error": str(e)}
-        except Exception as e:  # a test bug: report it, keep serving
-            res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(res), flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    base.main(LifecycleWorkload)

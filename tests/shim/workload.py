@@ -317,8 +317,9 @@ class Workload:
         ok(cu.cuMulticastUnbind(b["mc"], ok(cu.cuDeviceGet(0)), 0, b["size"]))
 
 
-def main():
-    w = Workload()
+def main(workload_class=None):
+    """Serve commands from stdin until `exit` (workload_class: a Workload subclass with more)."""
+    w = (workload_class or Workload)()
     print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         words = line.split()
