@@ -8,6 +8,7 @@ Rules from the driver's behaviour (see README "Why it exists" and tests/probes):
   operation, and its thread is left behind (daemon) rather than blocking the tool for ever.
 - The caller must have called cuInit (restore needs it, or persistence mode).
 """
+import ctypes
 import enum
 import errno
 import fcntl
@@ -93,7 +94,7 @@ def _cuuuid(text):
     if len(raw) != 16:
         raise DriverError(f"not a GPU UUID: {text!r}")
     u = cu.CUuuid()
-    u.bytes = raw
+    ctypes.memmove(u.getPtr(), raw, 16)  # cuda-python's CUuuid.bytes is read-only
     return u
 
 
