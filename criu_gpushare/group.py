@@ -17,7 +17,7 @@ import dataclasses
 
 from . import control
 from .errors import Error, ProcessError, ShimError
-from .processes import has_shim, uses_cuda
+from .processes import cuda_and_shim
 
 
 @dataclasses.dataclass
@@ -61,8 +61,7 @@ def discover(pids):
     """Members for the given pids (status read from each shim that answers)."""
     members = []
     for pid in pids:
-        cuda = uses_cuda(pid)
-        shim = has_shim(pid)
+        cuda, shim = cuda_and_shim(pid)
         status = None
         if shim:
             try:

@@ -34,7 +34,7 @@ from . import checkpoint_api as ck
 from . import control
 from . import group as grp
 from .copy_engine import CopyEngine, CopyStats
-from .errors import BusyError, Error, ProcessError, ShimError
+from .errors import BusyError, Error, ShimError
 from .freezer import Freezer
 from .gpu_memory import ImportedAllocation
 from .store.manifest import Manifest, ProcessEntry
@@ -87,7 +87,6 @@ class Options:
     timeout_s: float = 60.0        # quiesce and lock
     ref: str = ""                  # the store ref naming this checkpoint
     gpu_map: dict = None           # {old uuid: new uuid} for resume
-    cache: str = None
     verify: bool = False
 
 
@@ -289,7 +288,7 @@ class Group:
                 control.request(unit.owner, "adopt", id=unit.id, timeout=600)
 
     def _load(self):
-        with Store.open(self.options.store, cache=None) as store:
+        with Store.open(self.options.store) as store:
             allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
             total = sum(u.size for u in self.units)
             with CopyEngine(store, verify_loads=self.options.verify,
@@ -346,5 +345,3 @@ def _size(n):
             return f"{n / scale:.2f} {unit}"
     return f"{n / 2 ** 20:.2f} MiB" if n else "0 B"
 
-
-__all__ = ["Group", "Options", "ResumeFailed", "StepFailed", "format_summary", "ProcessError"]

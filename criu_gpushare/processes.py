@@ -49,11 +49,12 @@ def gpu_device_fds(pid):
     return fds
 
 
+def cuda_and_shim(pid):
+    """(has the CUDA driver loaded, runs with criu-gpushare's shim), from one read of its maps."""
+    names = {os.path.basename(p) for p in _maps_paths(pid)}
+    return any(n.startswith("libcuda.so") for n in names), SHIM_FILENAME in names
+
+
 def uses_cuda(pid):
     """Whether the process has the CUDA driver loaded (libcuda mapped)."""
-    return any(os.path.basename(p).startswith("libcuda.so") for p in _maps_paths(pid))
-
-
-def has_shim(pid):
-    """Whether the process runs with criu-gpushare's shim loaded."""
-    return any(os.path.basename(p) == SHIM_FILENAME for p in _maps_paths(pid))
+    return cuda_and_shim(pid)[0]

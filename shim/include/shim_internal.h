@@ -228,6 +228,8 @@ void gs_unlock(void);
 void gs_grow(void **v, size_t *cap, size_t elem);
 
 uint64_t gs_new_id(void);
+/* A new import record of `kind` with a fresh id and no kept fds (call with the lock held). */
+struct gs_import *gs_new_import(int kind);
 struct gs_alloc *gs_find_alloc_h(CUmemGenericAllocationHandle h);
 struct gs_alloc *gs_find_alloc_id(uint64_t id);
 struct gs_alloc *gs_find_malloc_va(CUdeviceptr va);

@@ -44,7 +44,8 @@ static inline void gate_enter(struct gate *g)
 
 static inline void gate_exit(struct gate *g) { __atomic_sub_fetch(&g->inflight, 1, __ATOMIC_SEQ_CST); }
 
-#define G(gate, name, twin, params, args)                                                          \
+/* A gated wrapper: the driver's function, entered through the gate unless re-entered. */
+#define GATED(gate, name, params, args)                                                            \
     CUresult CUDAAPI name params                                                                   \
     {                                                                                              \
         __typeof__(&name) real = REAL(name);                                                       \
@@ -56,21 +57,11 @@ static inline void gate_exit(struct gate *g) { __atomic_sub_fetch(&g->inflight, 
         CUresult r = real args;                                                                    \
         gate_exit(&gates[gate]);                                                                   \
         return r;                                                                                  \
-    }                                                                                              \
-    CUresult CUDAAPI twin params                                                                   \
-    {                                                                                              \
-        __typeof__(&twin) real = REAL(twin);                                                       \
-        if (!real)                                                                                 \
-            return CUDA_ERROR_NOT_FOUND;                                                           \
-        if (gs_depth)                                                                              \
-            return real args;                                                                      \
-        gate_enter(&gates[gate]);                                                                  \
-        CUresult r = real args;                                                                    \
-        gate_exit(&gates[gate]);                                                                   \
-        return r;                                                                                  \
     }
+#define G(gate, name, twin, params, args) GATED(gate, name, params, args) GATED(gate, twin, params, args)
 GS_GATED_HOOKS(G)
 #undef G
+#undef GATED
 
 static long now_ms(void)
 {

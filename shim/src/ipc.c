@@ -328,10 +328,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
         gs_depth--;
         return r;
     }
-    struct gs_import *im = GS_PUSH(gs.imports);
-    memset(im, 0, sizeof(*im));
-    im->id = gs_new_id();
-    im->kind = GS_IMPORT_FD;
+    struct gs_import *im = gs_new_import(GS_IMPORT_FD);
     im->h = *handle;
     im->exporter_pid = pid;
     im->exporter_id = o.id;
@@ -438,15 +435,11 @@ static CUresult open_shim_handle(const struct gs_ipc_handle *w, unsigned flags, 
         goto unmap;
     REAL(cuMemRelease)(h); /* the mapping holds the memory */
     gs_lock();
-    struct gs_import *im = GS_PUSH(gs.imports);
-    memset(im, 0, sizeof(*im));
-    im->id = gs_new_id();
-    im->kind = GS_IMPORT_IPC;
+    struct gs_import *im = gs_new_import(GS_IMPORT_IPC);
     im->size = w->size;
     im->va = va;
     im->exporter_pid = w->pid;
     im->exporter_id = w->alloc_id;
-    im->unresolved_fd = -1;
     im->import_fd = kept_fd;
     kept_fd = -1;
     im->app_released = 1;
@@ -492,13 +485,8 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
             /* Memory of a process without the shim (or too small to be backed): recorded so a
              * checkpoint refuses it instead of failing in the driver's restore. */
             gs_lock();
-            struct gs_import *im = GS_PUSH(gs.imports);
-            memset(im, 0, sizeof(*im));
-            im->id = gs_new_id();
-            im->kind = GS_IMPORT_IPC;
+            struct gs_import *im = gs_new_import(GS_IMPORT_IPC);
             im->va = *pdptr;
-            im->unresolved_fd = -1;
-            im->import_fd = -1;
             im->app_released = 1;
             gs_unlock();
         }

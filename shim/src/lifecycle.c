@@ -311,6 +311,24 @@ static void remember_prop(struct gs_alloc *a)
     a->prop.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
 
+/* Releases the handles the program retained (cuMemRetainAllocationHandle) on objects of `kind`. */
+static int release_aliases(int kind, const char *what, char *err, size_t errlen)
+{
+    for (size_t i = 0; i < gs.aliases.n; i++) {
+        struct gs_alias *al = &gs.aliases.v[i];
+        if (al->dropped || al->kind != kind)
+            continue;
+        CUresult r = REAL(cuMemRelease)(al->h);
+        if (r != CUDA_SUCCESS) {
+            snprintf(err, errlen, "release: cuMemRelease of a retained handle of %s %llu: %s", what,
+                     (unsigned long long)al->obj_id, cu_name(r));
+            return -1;
+        }
+        al->dropped = 1;
+    }
+    return 0;
+}
+
 /* Unmaps every mapping of objects of `kind` not dropped yet (each marked as it goes). */
 static int unmap_kind(int kind, const char *what, int *n_maps, char *err, size_t errlen)
 {
@@ -339,19 +357,8 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
     /* imports: mappings, then handles (the VA reservations stay) */
     if (unmap_kind(GS_OBJ_IMPORT, "import", &n_maps, err, errlen))
         return -1;
-    for (size_t i = 0; i < gs.aliases.n; i++) {
-        struct gs_alias *al = &gs.aliases.v[i];
-        if (al->dropped || (al->kind != GS_OBJ_IMPORT && al->kind != GS_OBJ_ALLOC))
-            continue;
-        if (al->kind == GS_OBJ_ALLOC) /* owned memory's turn comes below */
-            continue;
-        if ((r = REAL(cuMemRelease)(al->h)) != CUDA_SUCCESS) {
-            snprintf(err, errlen, "release: cuMemRelease of a retained handle of import %llu: %s",
-                     (unsigned long long)al->obj_id, cu_name(r));
-            return -1;
-        }
-        al->dropped = 1;
-    }
+    if (release_aliases(GS_OBJ_IMPORT, "import", err, errlen))
+        return -1;
     for (size_t i = 0; i < gs.imports.n; i++) {
         struct gs_import *im = &gs.imports.v[i];
         if (im->dropped)
@@ -377,17 +384,8 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
             remember_prop(&gs.allocs.v[i]);
     if (unmap_kind(GS_OBJ_ALLOC, "allocation", &n_maps, err, errlen))
         return -1;
-    for (size_t i = 0; i < gs.aliases.n; i++) {
-        struct gs_alias *al = &gs.aliases.v[i];
-        if (al->dropped || al->kind != GS_OBJ_ALLOC)
-            continue;
-        if ((r = REAL(cuMemRelease)(al->h)) != CUDA_SUCCESS) {
-            snprintf(err, errlen, "release: cuMemRelease of a retained handle of allocation %llu: %s",
-                     (unsigned long long)al->obj_id, cu_name(r));
-            return -1;
-        }
-        al->dropped = 1;
-    }
+    if (release_aliases(GS_OBJ_ALLOC, "allocation", err, errlen))
+        return -1;
     for (size_t i = 0; i < gs.allocs.n; i++) {
         struct gs_alloc *a = &gs.allocs.v[i];
         if (a->dropped)

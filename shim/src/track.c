@@ -48,6 +48,17 @@ void gs_grow(void **v, size_t *cap, size_t elem)
 
 uint64_t gs_new_id(void) { return gs.next_id++; }
 
+struct gs_import *gs_new_import(int kind)
+{
+    struct gs_import *im = GS_PUSH(gs.imports);
+    memset(im, 0, sizeof(*im));
+    im->id = gs_new_id();
+    im->kind = kind;
+    im->unresolved_fd = -1;
+    im->import_fd = -1;
+    return im;
+}
+
 struct gs_alloc *gs_find_alloc_h(CUmemGenericAllocationHandle h)
 {
     for (size_t i = 0; i < gs.allocs.n; i++)
