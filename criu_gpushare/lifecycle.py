@@ -41,6 +41,9 @@ from .store.manifest import Manifest, ProcessEntry
 from .store.store import Store
 
 QUIESCE_RETRY_S = 0.25
+# Fault injection for tests (as CRIU's --fault): CRIU_GPUSHARE_FAULT=<suspend step> makes that step
+# fail right after it did its work, so its undo runs exactly as after a real failure.
+FAULT_ENV = "CRIU_GPUSHARE_FAULT"
 
 
 class StepFailed(Error):
@@ -125,6 +128,8 @@ class Group:
         t = time.monotonic()
         fn()
         self.times[step] = time.monotonic() - t
+        if record and os.environ.get(FAULT_ENV) == step:
+            raise Error(f"fault injected after step {step} ({FAULT_ENV})")
 
     # -- suspend -------------------------------------------------------------------------------
 

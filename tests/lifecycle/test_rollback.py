@@ -47,6 +47,17 @@ def test_driver_failure_rolls_back(lc, workload, tmp_path, step, fail):
     assert_runs_as_before(lc, a, b)
 
 
+@pytest.mark.parametrize("step", ["quiesce", "save", "release", "void", "lock", "freeze",
+                                  "checkpoint"])
+def test_failure_after_each_step_rolls_back(lc, workload, tmp_path, step):
+    """Every suspend step, failing after it did its work, is undone with the steps before it."""
+    a, b = pair(lc, workload, tmp_path)
+    r = suspend(lc, a.pid, b.pid, ok=False, env=dict(lc.tool, CRIU_GPUSHARE_FAULT=step))
+    assert r.returncode != 0
+    assert f"failed at step {step}" in r.stderr and ROLLED_BACK in r.stderr, r.stderr
+    assert_runs_as_before(lc, a, b)
+
+
 def test_unwritable_store_rolls_back(lc, workload, tmp_path):
     a, b = pair(lc, workload, tmp_path)
     not_a_dir = tmp_path / "store-is-a-file"
