@@ -71,3 +71,28 @@ class CheckFailed(Error):
     """{} check(s) failed"""
 
     exit_code = 10
+
+
+class CriuError(Error):
+    """CRIU: {}"""
+
+    exit_code = 11
+
+    def __init__(self, message, log_path=None, log_errors=()):
+        """log_path: CRIU's log of the failed request (``<images_dir>/<log_file>``), named in the
+        message with its last error lines (log_errors), since that is where CRIU explains itself."""
+        super().__init__(message)
+        self.log_path = log_path
+        self.log_errors = list(log_errors)
+
+    def __str__(self):
+        text = super().__str__()
+        if self.log_path:
+            text += f" (log: {self.log_path})"
+        return "\n  ".join([text, *self.log_errors])
+
+
+class ImageError(Error):
+    """CRIU image {}: {}"""
+
+    exit_code = 12

@@ -1,7 +1,8 @@
-"""Fixtures shared by every test directory: the fake CUDA driver and an environment that uses it."""
+"""Fixtures shared by every test directory: the fake CUDA driver, an environment that uses it, CRIU."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -38,3 +39,17 @@ def fake_env(fake_driver_dir, tmp_path) -> dict:
     env["FAKECUDA_STATE"] = str(state)
     env.update(NO_MULTICAST_ENV)
     return env
+
+
+@pytest.fixture(scope="session")
+def criu() -> str:
+    """The criu binary on PATH, once it is CRIU >= 4 and `criu check` passes (as root); else the
+    test is skipped with the reason (scripts/test.sh builds CRIU on Debian/Ubuntu as root)."""
+    from criu_gpushare.criu import rpc
+    from criu_gpushare.errors import CriuError
+
+    try:
+        rpc.check()
+    except CriuError as e:
+        pytest.skip(f"no usable CRIU: {e}")
+    return shutil.which("criu")
