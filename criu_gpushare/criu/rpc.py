@@ -61,11 +61,11 @@ def dump(images_dir: str, pid: int, options: CriuOptions,
     afterwards unless options.leave_running. on_notify(action, pid) runs at each action-script
     point while CRIU waits; if it raises, CRIU aborts (a tree dumped or not keeps running) and the
     callback's exception propagates once CRIU has answered."""
-    rpc = _pycriu.load("rpc_pb2")
+    binary, rpc = _criu_and_messages(options)
     opts = _request_options(rpc, options, "dump.log")
     opts.pid = pid
     opts.leave_running = options.leave_running
-    _request(rpc, rpc.DUMP, opts, images_dir, options, on_notify, f"dump of pid {pid}")
+    _request(binary, rpc, rpc.DUMP, opts, images_dir, options, on_notify, f"dump of pid {pid}")
 
 
 def restore(images_dir: str, options: CriuOptions,
@@ -77,10 +77,11 @@ def restore(images_dir: str, options: CriuOptions,
     reparented to init (or the nearest subreaper). A long-lived caller must reap it (waitpid) once
     it ends, or it stays a zombie. on_notify behaves as for dump(); a failure at any step before
     pre-resume makes CRIU kill what it restored."""
-    rpc = _pycriu.load("rpc_pb2")
+    binary, rpc = _criu_and_messages(options)
     opts = _request_options(rpc, options, "restore.log")
     opts.rst_sibling = True
-    resp = _request(rpc, rpc.RESTORE, opts, images_dir, options, on_notify, f"restore of {images_dir}")
+    resp = _request(binary, rpc, rpc.RESTORE, opts, images_dir, options, on_notify,
+                    f"restore of {images_dir}")
     return resp.restore.pid
 
 
@@ -111,6 +112,12 @@ def _criu_version(binary: str) -> tuple[str, str]:
     return path, version
 
 
+def _criu_and_messages(options: CriuOptions):
+    """The CRIU binary to run (CRIU >= 4) and pycriu's RPC messages, or CriuError saying why not."""
+    binary, _ = _criu_version(options.binary)
+    return binary, _pycriu.load("rpc_pb2")
+
+
 def _request_options(rpc, options: CriuOptions, default_log: str):
     return rpc.criu_opts(
         images_dir_fd=-1,  # set once the directory is open
@@ -120,10 +127,9 @@ def _request_options(rpc, options: CriuOptions, default_log: str):
         log_file=options.log_file or default_log)
 
 
-def _request(rpc, req_type, opts, images_dir, options, on_notify, what):
+def _request(binary, rpc, req_type, opts, images_dir, options, on_notify, what):
     """Send one request with images_dir open as its image directory; answer notifications until
     CRIU's final response, which is returned if it succeeded."""
-    binary, _ = _criu_version(options.binary)
     log_path = os.path.join(images_dir, opts.log_file)
     try:
         # CRIU opens it as /proc/<this pid>/fd/<fd>: no path lookup on its side, no fd passing.

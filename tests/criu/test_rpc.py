@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import sys
 import time
 
 import pytest
@@ -173,6 +174,14 @@ def test_criu_3_is_refused(tmp_path):
         rpc.check(old)
     with pytest.raises(CriuError, match="CRIU >= 4 is needed"):
         rpc.dump(images_dir(tmp_path), 1, rpc.CriuOptions(binary=old))
+
+
+def test_without_pycriu_the_error_says_where_it_comes_from(tmp_path, monkeypatch):
+    for module in ("pycriu", "pycriu.rpc_pb2"):
+        monkeypatch.setitem(sys.modules, module, None)  # importing it fails
+    criu_4 = fake_criu(tmp_path, "4.2.1", "exit 0")
+    with pytest.raises(CriuError, match="pycriu cannot be imported .*ships with CRIU"):
+        rpc.dump(images_dir(tmp_path), 1, rpc.CriuOptions(binary=criu_4))
 
 
 def test_a_worker_that_dies_gives_its_exit_status_and_output(pycriu_messages, tmp_path):

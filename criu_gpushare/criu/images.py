@@ -1,0 +1,88 @@
+"""Facts about a CRIU image directory, read with pycriu.images: what a restore will need (the
+plugins recorded in the inventory) and whether a GPU process went into the image without our hook
+(GPU device files, libcuda mappings), so dump and restore can refuse such images early.
+
+A missing or undecodable image file raises ImageError naming it; a missing pycriu, CriuError.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+from ..errors import ImageError
+from . import _pycriu
+
+GPU_DEVICE_PREFIX = "/dev/nvidia"
+LIBCUDA_PREFIX = "libcuda.so"
+# criu/include/image.h: a VMA that maps a file (its shmid is the file's id in files.img).
+_VMA_FILE_PRIVATE = 1 << 6
+_VMA_FILE_SHARED = 1 << 7
+
+
+def inventory_plugins(images_dir: str) -> list[str]:
+    """The plugins CRIU recorded in inventory.img (e.g. "cuda_plugin"); a restore loads each of
+    them and fails if one is missing from its plugin directory."""
+    inventory = _entries(images_dir, "inventory.img")[0]
+    return list(inventory.get("plugins_entry", {}).get("plugins", []))
+
+
+def device_files(images_dir: str) -> list[str]:
+    """The /dev/nvidia* paths among the files the image holds (open or mapped), sorted."""
+    return sorted({name for name in _regular_files(images_dir).values()
+                   if name.startswith(GPU_DEVICE_PREFIX)})
+
+
+def maps_libcuda(images_dir: str) -> bool:
+    """Whether a dumped process had libcuda.so* mapped: a GPU process dumped without our hook."""
+    files = _regular_files(images_dir)
+    mm_images = sorted(glob.glob(os.path.join(glob.escape(images_dir), "mm-*.img")))
+    if not mm_images:
+        raise ImageError(os.path.join(images_dir, "mm-<pid>.img"), "no memory image in the directory")
+    for path in mm_images:
+        for mm in _entries(images_dir, os.path.basename(path)):
+            for vma in mm.get("vmas", []):
+                if vma["status"] & (_VMA_FILE_PRIVATE | _VMA_FILE_SHARED):
+                    name = files.get(vma.get("shmid"), "")
+                    if os.path.basename(name).startswith(LIBCUDA_PREFIX):
+                        return True
+    return False
+
+
+def pids(images_dir: str) -> list[int]:
+    """The pids of the dumped processes (not threads), root first, from pstree.img."""
+    return [task["pid"] for task in _entries(images_dir, "pstree.img")]
+
+
+def _regular_files(images_dir: str) -> dict[int, str]:
+    """id -> path of every regular file in the image: files.img, and reg-files.img where an older
+    CRIU wrote one."""
+    files = {}
+    found = False
+    for name, is_file_entry in (("files.img", True), ("reg-files.img", False)):
+        if not os.path.exists(os.path.join(images_dir, name)):
+            continue
+        found = True
+        for entry in _entries(images_dir, name):
+            if is_file_entry:
+                if entry.get("type") != "REG":
+                    continue
+                entry = entry["reg"]
+            files[entry["id"]] = entry["name"]
+    if not found:
+        raise ImageError(os.path.join(images_dir, "files.img"), "missing (and no reg-files.img)")
+    return files
+
+
+def _entries(images_dir: str, name: str) -> list[dict]:
+    images = _pycriu.load("images")
+    path = os.path.join(images_dir, name)
+    try:
+        with open(path, "rb") as f:
+            entries = images.load(f)["entries"]
+    except OSError as e:
+        raise ImageError(path, e.strerror) from None
+    except Exception as e:  # noqa: BLE001 - pycriu raises assorted errors on bad bytes
+        raise ImageError(path, f"cannot be decoded ({type(e).__name__}: {e})") from None
+    if not entries:
+        raise ImageError(path, "holds no entries")
+    return entries

@@ -1,0 +1,111 @@
+"""criu_gpushare.criu.images on real dumps, and on real images edited with pycriu the way a dump
+of a GPU process would have written them."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from criu_gpushare.criu import images, rpc
+from criu_gpushare.errors import ImageError
+from criutest import shared_library, sleeper, start_daemon
+
+
+@pytest.fixture
+def plain_dump(criu, tmp_path, processes):
+    """The image directory of a process that uses no GPU, and its pid."""
+    proc = sleeper(tmp_path, processes)
+    out = tmp_path / "plain"
+    out.mkdir()
+    rpc.dump(str(out), proc.pid, rpc.CriuOptions(leave_running=True))
+    return str(out), proc.pid
+
+
+@pytest.fixture
+def libcuda_dump(criu, tmp_path, processes):
+    """The image directory of a process that loaded a library named libcuda.so.1 (what a CUDA
+    process maps, dumped without our hook)."""
+    lib = shared_library(tmp_path, "libcuda.so.1", "int cuInit(unsigned flags) { return 0; }\n")
+    proc = start_daemon(tmp_path, f"import ctypes, time\nctypes.CDLL({lib!r})\n"
+                                  "while True: time.sleep(0.05)", processes)
+    out = tmp_path / "libcuda"
+    out.mkdir()
+    rpc.dump(str(out), proc.pid, rpc.CriuOptions(leave_running=True))
+    return str(out)
+
+
+def rewrite(images_dir: str, name: str, edit) -> None:
+    """Decode an image file with pycriu, edit its entries, encode it back."""
+    from pycriu import images as pycriu_images
+
+    path = os.path.join(images_dir, name)
+    with open(path, "rb") as f:
+        img = pycriu_images.load(f)
+    edit(img["entries"])
+    with open(path, "wb") as f:
+        pycriu_images.dump(img, f)
+
+
+def test_a_plain_dump_has_no_gpu_traces(plain_dump):
+    images_dir, pid = plain_dump
+    assert images.pids(images_dir) == [pid]
+    assert images.inventory_plugins(images_dir) == []
+    assert images.device_files(images_dir) == []
+    assert images.maps_libcuda(images_dir) is False
+
+
+def test_a_dumped_libcuda_mapping_is_seen(libcuda_dump):
+    assert images.maps_libcuda(libcuda_dump) is True
+    assert images.device_files(libcuda_dump) == []  # mapped, but no device opened
+
+
+def test_plugins_recorded_in_the_inventory_are_listed(plain_dump):
+    images_dir, _ = plain_dump
+    rewrite(images_dir, "inventory.img",
+            lambda entries: entries[0].update(plugins_entry={"plugins": ["cuda_plugin"]}))
+    assert images.inventory_plugins(images_dir) == ["cuda_plugin"]
+
+
+def test_gpu_device_files_are_listed_sorted_once(plain_dump):
+    images_dir, _ = plain_dump
+
+    def add_devices(entries):
+        template = next(e for e in entries if e["type"] == "REG")
+        next_id = max(e["id"] for e in entries) + 1
+        for offset, name in enumerate(["/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidiactl", "/dev/null"]):
+            reg = dict(template["reg"], id=next_id + offset, name=name)
+            entries.append(dict(template, id=next_id + offset, reg=reg))
+
+    rewrite(images_dir, "files.img", add_devices)
+    assert images.device_files(images_dir) == ["/dev/nvidia0", "/dev/nvidiactl"]
+
+
+def test_a_missing_image_file_is_named(plain_dump, tmp_path):
+    images_dir, _ = plain_dump
+    os.unlink(os.path.join(images_dir, "pstree.img"))
+    with pytest.raises(ImageError, match="pstree.img: No such file"):
+        images.pids(images_dir)
+    broken = tmp_path / "no-files"
+    shutil.copytree(images_dir, broken)
+    os.unlink(broken / "files.img")
+    with pytest.raises(ImageError, match="files.img: missing"):
+        images.device_files(str(broken))
+
+
+def test_an_undecodable_image_file_is_named(plain_dump):
+    images_dir, _ = plain_dump
+    with open(os.path.join(images_dir, "inventory.img"), "wb") as f:
+        f.write(b"not an image")
+    with pytest.raises(ImageError, match="inventory.img: cannot be decoded") as failure:
+        images.inventory_plugins(images_dir)
+    assert failure.value.exit_code == 12
+
+
+def test_a_directory_without_memory_images_is_refused(plain_dump):
+    images_dir, _ = plain_dump
+    for name in os.listdir(images_dir):
+        if name.startswith("mm-"):
+            os.unlink(os.path.join(images_dir, name))
+    with pytest.raises(ImageError, match="no memory image"):
+        images.maps_libcuda(images_dir)
