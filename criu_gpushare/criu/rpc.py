@@ -6,12 +6,16 @@ process to answer, so GPU steps run inside the tool, with its state and its lock
 script that CRIU executes with no arguments. pycriu's client sends one request and reads one
 answer, so the conversation is driven here; pycriu only provides the message classes.
 
-Notifications, as CRIU 4.2 sends them (tests/criu/test_rpc.py pins the order):
-  dump     pre-dump (tasks running), [network-lock], post-dump (tasks seized), [network-unlock]
-  restore  pre-restore, setup-namespaces, post-setup-namespaces, post-restore, [network-unlock],
-           pre-resume, post-resume (tasks running)
-  [...] only for a tree with its own network namespace. Only setup-namespaces and post-restore
-  carry a pid (the restored root's); the callback gets None for the others.
+Notifications, in CRIU 4.2.1's order (pinned by tests/criu/test_rpc.py for a plain tree and, as
+action scripts, by tests/criu/test_runc.py for a container):
+  dump     pre-dump (tasks running), [network-lock], query-ext-files (RPC only: CRIU asks for
+           external files; answering success adds none), post-dump (tasks seized),
+           [network-unlock: only after a failure or with leave_running]
+  restore  pre-restore (no task yet), [setup-namespaces, post-setup-namespaces], post-restore,
+           [network-unlock], pre-resume (tasks restored, stopped), post-resume (tasks running)
+  network-*: only for a tree with its own network namespace; *-namespaces: only for a tree with
+  namespaces of its own (a container). Only setup-namespaces and post-restore carry a pid (the
+  restored root's, as seen from here); the callback gets None for the others.
 """
 from __future__ import annotations
 
@@ -59,8 +63,8 @@ def dump(images_dir: str, pid: int, options: CriuOptions,
          on_notify: NotifyCallback | None = None) -> None:
     """Dump the tree rooted at pid into images_dir, an existing directory. CRIU kills the tree
     afterwards unless options.leave_running. on_notify(action, pid) runs at each action-script
-    point while CRIU waits; if it raises, CRIU aborts (a tree dumped or not keeps running) and the
-    callback's exception propagates once CRIU has answered."""
+    point while CRIU waits; if it raises (at any dump action), CRIU fails the dump and lets the
+    tree run on, and the callback's exception propagates once CRIU has answered."""
     binary, rpc = _criu_and_messages(options)
     opts = _request_options(rpc, options, "dump.log")
     opts.pid = pid
@@ -75,8 +79,10 @@ def restore(images_dir: str, options: CriuOptions,
     The root task is made a child of this process (rst_sibling), not of the CRIU worker, which
     exits: the tree never gets a parent-death signal from CRIU, and when this process exits it is
     reparented to init (or the nearest subreaper). A long-lived caller must reap it (waitpid) once
-    it ends, or it stays a zombie. on_notify behaves as for dump(); a failure at any step before
-    pre-resume makes CRIU kill what it restored."""
+    it ends, or it stays a zombie. on_notify is called as for dump(). If it raises up to
+    post-restore, CRIU kills what it restored; at pre-resume or post-resume CRIU only logs the
+    failure and the tree runs on, so the exception propagates with the tree running (its pid was
+    given to the callback at post-restore)."""
     binary, rpc = _criu_and_messages(options)
     opts = _request_options(rpc, options, "restore.log")
     opts.rst_sibling = True

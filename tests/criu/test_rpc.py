@@ -198,3 +198,30 @@ def test_a_worker_that_hangs_is_killed_after_the_timeout(pycriu_messages, tmp_pa
         rpc.dump(images_dir(tmp_path), 1, rpc.CriuOptions(binary=hanging, timeout_s=0.5))
     assert time.monotonic() - started < 10
     assert children_named("sleep") == []
+
+
+@pytest.mark.parametrize("action", ["pre-resume", "post-resume"])
+def test_a_callback_failing_after_the_restore_propagates_but_the_tree_runs(
+        criu, tmp_path, processes, action):
+    proc, ticks = counter(tmp_path, processes)
+    rpc.dump(images_dir(tmp_path), proc.pid, rpc.CriuOptions())
+    proc.wait(10)
+    recorder = Recorder(proc.pid, fail_at=action)
+    with pytest.raises(RuntimeError, match=f"refused at {action}"):
+        rpc.restore(images_dir(tmp_path), rpc.CriuOptions(), recorder)
+    assert recorder.actions == RESTORE_ACTIONS  # CRIU only logs these failures, and goes on
+    assert alive(proc.pid) and runs(ticks)
+
+
+@pytest.mark.parametrize("action", ["pre-restore", "post-restore"])
+def test_a_callback_failing_during_the_restore_leaves_nothing_running(
+        criu, tmp_path, processes, action):
+    proc = sleeper(tmp_path, processes)
+    rpc.dump(images_dir(tmp_path), proc.pid, rpc.CriuOptions())
+    proc.wait(10)
+    recorder = Recorder(proc.pid, fail_at=action)
+    with pytest.raises(RuntimeError, match=f"refused at {action}"):
+        rpc.restore(images_dir(tmp_path), rpc.CriuOptions(), recorder)
+    assert recorder.actions == RESTORE_ACTIONS[:RESTORE_ACTIONS.index(action) + 1]
+    assert not alive(proc.pid)  # CRIU killed what it had restored
+    assert children_named("criu") == []
