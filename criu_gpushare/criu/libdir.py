@@ -4,6 +4,9 @@ CRIU 4.x loads every *.so in its plugin directory (-L / `libdir`, else $CRIU_LIB
 /usr/lib/criu). Its CUDA plugin records itself in the image inventory even for tasks it skips, and
 on restore then restores and unlocks CHECKPOINTED tasks itself: for our tasks that is the tool's
 job, in its order. Pointing CRIU at a directory holding every other plugin keeps the rest working.
+A restore enables the CUDA plugin only for an image whose inventory names it (images.py:
+inventory_plugins), so the directory matters for dumps above all; an image that names it cannot be
+restored without it ("Missing required plugin").
 """
 from __future__ import annotations
 
