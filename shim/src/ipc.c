@@ -16,14 +16,18 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/kcmp.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include "shim_internal.h"
+#include "devices.h"
+#include "ipc.h"
+#include "json.h"
+#include "peer.h"
+#include "resolve.h"
+#include "threads.h"
+#include "track.h"
 
 #define GS_IPC_MAGIC "CRIUGSH1"
 
@@ -44,8 +48,7 @@ _Static_assert(sizeof(struct gs_ipc_handle) <= sizeof(((CUipcMemHandle *)0)->res
  * for them. */
 static int same_file(int a, int b)
 {
-    pid_t self = getpid();
-    if (syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0)
+    if (gs_same_open_file(a, b))
         return 1;
     /* A file-backed export (memfd) reopened through /proc/PID/fd is a new open file of the same
      * inode, and the same memory. */
@@ -57,7 +60,7 @@ static int same_file(int a, int b)
 
 int gs_whose_fd(int fd, struct gs_origin *out, char *err, size_t errlen)
 {
-    if (gs_lock_timed(2000)) {
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS)) {
         snprintf(err, errlen, "busy (state lock)");
         return -2;
     }
@@ -82,31 +85,9 @@ int gs_whose_fd(int fd, struct gs_origin *out, char *err, size_t errlen)
     return found;
 }
 
-/* Pushes the primary context of dev (the server threads have none), for driver calls that may
- * want one. */
-static int push_device(int dev)
-{
-    CUcontext ctx;
-    if (dev < 0 ||
-        CU(CUresult(*)(CUcontext *, CUdevice), cuDevicePrimaryCtxRetain, &ctx, dev) != CUDA_SUCCESS)
-        return 0;
-    if (CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS) {
-        CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
-        return 0;
-    }
-    return 1;
-}
-
-static void pop_device(int dev)
-{
-    CUcontext old;
-    CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
-    CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
-}
-
 int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
 {
-    if (gs_lock_timed(2000)) {
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS)) {
         snprintf(err, errlen, "busy (state lock)");
         return -2;
     }
@@ -132,19 +113,16 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
     }
     int fd = -1;
     if (r == CUDA_SUCCESS) {
-        int pushed = push_device(dev);
+        int pushed = gs_push_ctx(dev);
         r = REAL(cuMemExportToShareableHandle)(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (pushed)
-            pop_device(dev);
+        gs_pop_ctx(pushed);
     }
     if (retained)
         REAL(cuMemRelease)(h);
     gs_unlock();
     if (r != CUDA_SUCCESS) {
-        const char *name = NULL;
-        CU(CUresult(*)(CUresult, const char **), cuGetErrorName, r, &name);
         snprintf(err, errlen, "cuMemExportToShareableHandle of allocation %llu: %s",
-                 (unsigned long long)id, name ? name : "CUDA error");
+                 (unsigned long long)id, gs_cu_name(r));
         return -1;
     }
     *fd_out = fd;
@@ -201,7 +179,7 @@ int gs_resolve_pending_imports(void)
         int fd;
     } todo[256];
     int n = 0, left = 0;
-    if (gs_lock_timed(2000))
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS))
         return -1;
     for (size_t i = 0; i < gs.imports.n; i++) {
         struct gs_import *im = &gs.imports.v[i];
@@ -221,7 +199,7 @@ int gs_resolve_pending_imports(void)
         struct gs_origin o;
         int found = find_exporter(todo[k].fd, &pid, &o) == 0;
         close(todo[k].fd);
-        if (!found || gs_lock_timed(2000))
+        if (!found || gs_lock_timed(GS_LOCK_TIMEOUT_MS))
             continue;
         for (size_t i = 0; i < gs.imports.n; i++) {
             struct gs_import *im = &gs.imports.v[i];
@@ -237,7 +215,7 @@ int gs_resolve_pending_imports(void)
         }
         gs_unlock();
     }
-    if (gs_lock_timed(2000))
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS))
         return -1;
     for (size_t i = 0; i < gs.imports.n; i++)
         left += gs.imports.v[i].kind == GS_IMPORT_FD && gs.imports.v[i].exporter_pid == 0;
@@ -260,7 +238,7 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
     CUresult r = real(shareableHandle, handle, handleType, flags);
     if (r == CUDA_SUCCESS && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
         shareableHandle) {
-        gs_control_ensure();
+        gs_want_server();
         int dup = fcntl(*(int *)shareableHandle, F_DUPFD_CLOEXEC, 3);
         gs_lock();
         uint64_t id;
@@ -304,7 +282,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
         gs_depth--;
         return r;
     }
-    gs_control_ensure();
+    gs_want_server();
     pid_t pid = 0;
     struct gs_origin o = {0, 0, 0};
     int keep = -1;
@@ -370,7 +348,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     gs_unlock();
     CUresult r;
     if (w.alloc_id) {
-        gs_control_ensure(); /* peers will ask for the memory */
+        gs_want_server(); /* peers will ask for the memory */
         memset(pHandle, 0, sizeof(*pHandle));
         memcpy(pHandle->reserved, &w, sizeof(w));
         r = CUDA_SUCCESS;
@@ -473,7 +451,7 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
     if (gs_depth || !pdptr)
         return real(pdptr, handle, Flags);
     gs_depth++;
-    gs_control_ensure();
+    gs_want_server();
     struct gs_ipc_handle w;
     memcpy(&w, handle.reserved, sizeof(w));
     CUresult r;
