@@ -47,7 +47,7 @@
 #define CRIU_GPUSHARE_SHIM_H
 
 #define CRIU_GPUSHARE_SHIM_VERSION "0.1.0"
-#define CRIU_GPUSHARE_PROTOCOL 1
+#define CRIU_GPUSHARE_PROTOCOL 2
 
 #define GS_EXPORT __attribute__((visibility("default")))
 

@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "criu_gpushare_shim.h"
+#include "devices.h"
 #include "gates.h"
 #include "ipc.h"
 #include "lifecycle.h"
@@ -167,16 +168,47 @@ static void cmd_void_exports(struct call *c)
     lifecycle_result(c, gs_lc_void_exports(&c->out->body, c->err, sizeof(c->err)));
 }
 
+/* recreate and adopt run after a driver restore, which may have put the process on other GPUs:
+ * the devices are read again first. Their optional "devices" field ("OLD:NEW,...", this process's
+ * ordinals) moves released memory to other devices. Returns 0 with *map (NULL: none), else -1
+ * with the reply failed. */
+static int devices_arg(struct call *c, struct gs_devmap *storage, const struct gs_devmap **map)
+{
+    gs_devices_refresh();
+    *map = NULL;
+    if (!gs_json_has(c->req, "devices"))
+        return 0;
+    const struct gs_json_field *f = gs_json_get(c->req, "devices", 's');
+    struct gs_devices d;
+    gs_devices_get(&d);
+    if (!f) {
+        gs_reply_fail(c->out, "bad-request", "\"devices\" must be a string of OLD:NEW pairs");
+        return -1;
+    }
+    if (gs_devmap_parse(f->str, d.n, storage, c->err, sizeof(c->err))) {
+        gs_reply_fail(c->out, "bad-request", "%s", c->err);
+        return -1;
+    }
+    *map = storage;
+    return 0;
+}
+
 static void cmd_recreate(struct call *c)
 {
-    lifecycle_result(c, gs_lc_recreate(&c->out->body, c->err, sizeof(c->err)));
+    struct gs_devmap storage;
+    const struct gs_devmap *map;
+    if (devices_arg(c, &storage, &map) == 0)
+        lifecycle_result(c, gs_lc_recreate(map, &c->out->body, c->err, sizeof(c->err)));
 }
 
 static void cmd_adopt(struct call *c)
 {
     const struct gs_json_field *dev = gs_json_get(c->req, "device", 'i');
-    lifecycle_result(c, gs_lc_adopt(c->id, dev ? (int)dev->num : -1, &c->out->body, c->err,
-                                    sizeof(c->err)));
+    struct gs_devmap storage;
+    const struct gs_devmap *map;
+    if (devices_arg(c, &storage, &map) == 0)
+        lifecycle_result(c, gs_lc_adopt(c->id, dev ? (int)dev->num : -1, map, &c->out->body,
+                                        c->err, sizeof(c->err)));
 }
 
 static void cmd_attach(struct call *c)
@@ -229,9 +261,14 @@ void gs_command_run(const char *text, size_t len, const int *fds, int nfds, stru
         return;
     }
     const struct gs_json_field *v = gs_json_get(&req, "v", 'i');
-    if (!v || v->num != CRIU_GPUSHARE_PROTOCOL) {
+    if (!v) {
+        gs_reply_fail(r, "version", "the request has no protocol version (\"v\": an integer); "
+                      "this shim speaks %d", CRIU_GPUSHARE_PROTOCOL);
+        return;
+    }
+    if (v->num != CRIU_GPUSHARE_PROTOCOL) {
         gs_reply_fail(r, "version", "protocol version %lld is not supported (this shim speaks %d)",
-                      v ? v->num : 0LL, CRIU_GPUSHARE_PROTOCOL);
+                      v->num, CRIU_GPUSHARE_PROTOCOL);
         return;
     }
     const struct gs_json_field *name = gs_json_get(&req, "cmd", 's');

@@ -291,3 +291,11 @@ const struct gs_json_field *gs_json_get(const struct gs_json *j, const char *key
             return j->f[i].type == type ? &j->f[i] : NULL;
     return NULL;
 }
+
+int gs_json_has(const struct gs_json *j, const char *key)
+{
+    for (int i = 0; i < j->n; i++)
+        if (!strcmp(j->f[i].key, key))
+            return 1;
+    return 0;
+}

@@ -32,5 +32,7 @@ struct gs_json {
 int gs_json_parse(const char *text, size_t len, struct gs_json *out, char *err, size_t errlen);
 /* The field named key if it has that type, else NULL. */
 const struct gs_json_field *gs_json_get(const struct gs_json *j, const char *key, int type);
+/* Whether the object has a field named key (of any type). */
+int gs_json_has(const struct gs_json *j, const char *key);
 
 #endif

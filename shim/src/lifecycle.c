@@ -75,6 +75,7 @@ static CUresult map_dropped(int kind, uint64_t id, CUmemGenericAllocationHandle 
             m->dropped = 1;
         } else {
             m->dropped = 0;
+            m->remapped = 0;
         }
     }
     return r;
@@ -343,6 +344,52 @@ int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- devices map ------------------------------------------------------------------------------- */
+
+/* Memory recorded on device old comes back on map's new one, and so does everything recorded with
+ * that ordinal: the allocation's device and properties, the mappings' access locations. Each
+ * released object moves once (flag `remapped`, cleared when it is mapped again), so a retried
+ * command, or adopt after recreate in one resume, does not move it twice. */
+static void remap_access(struct gs_map *m, const struct gs_devmap *map)
+{
+    for (int k = 0; k < m->n_access; k++)
+        if (m->access[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+            m->access[k].location.id = gs_devmap_apply(map, m->access[k].location.id);
+    /* Two old devices mapped onto one: one entry, with the wider access. */
+    for (int j = 0; j < m->n_access; j++)
+        for (int k = j + 1; k < m->n_access;)
+            if (m->access[k].location.type == m->access[j].location.type &&
+                m->access[k].location.id == m->access[j].location.id) {
+                if (m->access[k].flags > m->access[j].flags)
+                    m->access[j].flags = m->access[k].flags;
+                m->access[k] = m->access[--m->n_access];
+            } else {
+                k++;
+            }
+}
+
+static void remap_released(const struct gs_devmap *map)
+{
+    if (!map)
+        return;
+    for (size_t i = 0; i < gs.allocs.n; i++) {
+        struct gs_alloc *a = &gs.allocs.v[i];
+        if (!a->dropped || a->remapped)
+            continue;
+        a->dev = gs_devmap_apply(map, a->dev);
+        if (a->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+            a->prop.location.id = gs_devmap_apply(map, a->prop.location.id);
+        a->remapped = 1;
+    }
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->dropped && !m->remapped) {
+            remap_access(m, map);
+            m->remapped = 1;
+        }
+    }
+}
+
 /* ---- recreate ---------------------------------------------------------------------------------- */
 
 static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
@@ -390,13 +437,15 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     }
     a->h = nh;
     a->dropped = 0;
+    a->remapped = 0;
     gs_pop_ctx(pushed);
     return 0;
 }
 
-int gs_lc_recreate(struct gs_buf *body, char *err, size_t errlen)
+int gs_lc_recreate(const struct gs_devmap *map, struct gs_buf *body, char *err, size_t errlen)
 {
     int n = 0;
+    remap_released(map);
     for (size_t i = 0; i < gs.allocs.n; i++) {
         struct gs_alloc *a = &gs.allocs.v[i];
         if (!a->dropped)
@@ -425,13 +474,15 @@ static void import_now(struct gs_import *im, CUmemGenericAllocationHandle nh)
     im->dropped = 0;
 }
 
-int gs_lc_adopt(uint64_t id, int dev, struct gs_buf *body, char *err, size_t errlen)
+int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf *body,
+                char *err, size_t errlen)
 {
     struct gs_import *im = gs_find_import_id(id);
     if (!im) {
         snprintf(err, errlen, "adopt: no import %llu", (unsigned long long)id);
         return GS_LC_GONE;
     }
+    remap_released(map);
     if (!im->dropped) {
         gs_buf_printf(body, "\"adopted\":false");
         return 0;

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "devices.h"
 #include "json.h"
 
 enum { GS_LC_FAILED = -1, GS_LC_GONE = -2, GS_LC_REFUSED = -3, GS_LC_BUSY = -4 };
@@ -19,9 +20,12 @@ enum { GS_LC_FAILED = -1, GS_LC_GONE = -2, GS_LC_REFUSED = -3, GS_LC_BUSY = -4 }
  * memory, so a failure never leaves an import mapping memory that a rollback re-creates). */
 int gs_lc_release(int imports_only, struct gs_buf *body, char *err, size_t errlen);
 int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen);
-int gs_lc_recreate(struct gs_buf *body, char *err, size_t errlen);
-/* dev < 0: the device the import's mappings give access to. */
-int gs_lc_adopt(uint64_t id, int dev, struct gs_buf *body, char *err, size_t errlen);
+/* map (or NULL): this process's ordinals old -> new for everything still released (see
+ * lifecycle.c, "devices map"); recreate and adopt both apply it, once per object. */
+int gs_lc_recreate(const struct gs_devmap *map, struct gs_buf *body, char *err, size_t errlen);
+/* dev < 0: the device the import's mappings give access to (after map). */
+int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf *body,
+                char *err, size_t errlen);
 /* fd: the exporter's memory; not closed here. */
 int gs_lc_attach(uint64_t id, int fd, struct gs_buf *body, char *err, size_t errlen);
 int gs_lc_export_import(uint64_t id, int *fd_out, char *err, size_t errlen);

@@ -25,6 +25,7 @@
 
 #include "commands.h"
 #include "contexts.h"
+#include "devices.h"
 #include "gates.h"
 #include "resolve.h"
 #include "threads.h"
@@ -158,6 +159,8 @@ static void *accept_main(void *arg)
 /* Starts the control server of this pid if it is not running (lazily: first driver use). */
 static void server_ensure(void)
 {
+    if (!gs_devices_known()) /* the driver is initialized by now, and the process not locked */
+        gs_devices_refresh();
     pid_t self = getpid();
     if (__atomic_load_n(&server_pid, __ATOMIC_ACQUIRE) == self)
         return;

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include "criu_gpushare_shim.h"
+#include "devices.h"
 #include "gates.h"
 #include "status.h"
 #include "track.h"
@@ -31,7 +32,28 @@ static void access_json(struct gs_buf *b, const struct gs_map *m)
     gs_buf_printf(b, "]");
 }
 
-static void objects_json(struct gs_buf *b)
+/* "gpu": the UUID of device dev, or null when the process has no such device. */
+static void gpu_json(struct gs_buf *b, const struct gs_devices *d, int dev)
+{
+    gs_buf_printf(b, ",\"gpu\":");
+    if (dev >= 0 && dev < d->n)
+        gs_buf_str(b, d->uuid[dev]);
+    else
+        gs_buf_printf(b, "null");
+}
+
+static void devices_json(struct gs_buf *b, const struct gs_devices *d)
+{
+    gs_buf_printf(b, "\"devices\":[");
+    for (int i = 0; i < d->n; i++) {
+        gs_buf_printf(b, "%s{\"ordinal\":%d,\"uuid\":", i ? "," : "", i);
+        gs_buf_str(b, d->uuid[i]);
+        gs_buf_printf(b, "}");
+    }
+    gs_buf_printf(b, "],");
+}
+
+static void objects_json(struct gs_buf *b, const struct gs_devices *d)
 {
     gs_buf_printf(b, "\"allocations\":[");
     for (size_t i = 0; i < gs.allocs.n; i++) {
@@ -42,11 +64,13 @@ static void objects_json(struct gs_buf *b)
         gs_buf_printf(b,
                       "%s{\"id\":%llu,\"origin\":\"%s\",\"device\":%d,\"size\":%zu,"
                       "\"va\":%llu,\"handle_types\":%llu,\"exports\":%d,\"ipc_handles\":%d,"
-                      "\"app_released\":%s,\"dropped\":%s}",
+                      "\"app_released\":%s,\"dropped\":%s",
                       i ? "," : "", (unsigned long long)a->id,
                       a->origin == GS_ORIGIN_MALLOC ? "cuMemAlloc" : "cuMemCreate", a->dev, a->size,
                       (unsigned long long)a->va, a->handle_types, n_exp, a->ipc_handles,
                       a->app_released ? "true" : "false", a->dropped ? "true" : "false");
+        gpu_json(b, d, a->dev);
+        gs_buf_printf(b, "}");
     }
     gs_buf_printf(b, "],\"mappings\":[");
     for (size_t i = 0; i < gs.maps.n; i++) {
@@ -79,8 +103,15 @@ static void objects_json(struct gs_buf *b)
                           (unsigned long long)im->exporter_id);
         else
             gs_buf_printf(b, "null");
-        gs_buf_printf(b, ",\"app_released\":%s,\"dropped\":%s}", im->app_released ? "true" : "false",
+        gs_buf_printf(b, ",\"app_released\":%s,\"dropped\":%s", im->app_released ? "true" : "false",
                       im->dropped ? "true" : "false");
+        int dev = gs_import_device(im->id); /* where its memory lives */
+        if (dev >= 0)
+            gs_buf_printf(b, ",\"device\":%d", dev);
+        else
+            gs_buf_printf(b, ",\"device\":null");
+        gpu_json(b, d, dev);
+        gs_buf_printf(b, "}");
     }
     gs_buf_printf(b, "],\"host_buffers\":[");
     for (size_t i = 0; i < gs.hosts.n; i++) {
@@ -178,11 +209,14 @@ static void gates_json(struct gs_buf *b)
 
 int gs_status_json(struct gs_buf *b)
 {
+    struct gs_devices d; /* the driver's last answer: status makes no driver call (devices.h) */
+    gs_devices_get(&d);
     if (gs_lock_timed(GS_LOCK_TIMEOUT_MS))
         return -1;
     gs_buf_printf(b, "\"pid\":%d,\"version\":\"%s\",\"protocol\":%d,", (int)getpid(),
                   CRIU_GPUSHARE_SHIM_VERSION, CRIU_GPUSHARE_PROTOCOL);
-    objects_json(b);
+    devices_json(b, &d);
+    objects_json(b, &d);
     gs_buf_printf(b, ",\"state\":\"%s\"", state_name());
     gs_unlock();
     gs_buf_printf(b, ",");

@@ -37,6 +37,7 @@ struct gs_alloc {
     int dropped;                     /* released by the shim (lifecycle.c) */
     CUmemAllocationProp prop;        /* read at release, for recreate */
     int have_prop;
+    int remapped;                    /* dropped, and moved by a devices map (lifecycle.c) */
 };
 
 /* A cuMemMap of any handle, with the access merged over every cuMemSetAccess on it. */
@@ -50,6 +51,7 @@ struct gs_map {
     CUmemAccessDesc access[GS_MAX_ACCESS];
     int access_overflow; /* more locations than GS_MAX_ACCESS were given */
     int dropped;
+    int remapped; /* dropped, and its access moved by a devices map (lifecycle.c) */
 };
 
 /* A POSIX-fd export. The dup identifies copies of the fd (kcmp) when a peer imports one. */
