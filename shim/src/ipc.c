@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -156,20 +157,22 @@ static int find_exporter(int fd, pid_t *pid, struct gs_origin *origin)
         *pid = getpid();
         return 0;
     }
-    pid_t pids[512];
-    int n = gs_peer_pids(pids, 512);
+    size_t n;
+    pid_t *pids = gs_peer_pids(&n);
     char req[64], reply[512];
+    int rc = -1;
     snprintf(req, sizeof(req), "{\"v\":%d,\"cmd\":\"whose\"}", CRIU_GPUSHARE_PROTOCOL);
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && rc; i++) {
         if (pids[i] == getpid())
             continue;
         if (gs_peer_request(pids[i], req, fd, reply, sizeof(reply), NULL, 2000) == 0 &&
             reply_origin(reply, origin) == 0) {
             *pid = pids[i];
-            return 0;
+            rc = 0;
         }
     }
-    return -1;
+    free(pids);
+    return rc;
 }
 
 int gs_resolve_pending_imports(void)

@@ -36,28 +36,29 @@
 #define GS_MAX_WORKERS 16
 #define GS_REQ_TIMEOUT_MS 2000
 #define GS_REPLY_TIMEOUT_MS 5000
-#define GS_DENY_WAIT_MS 100
+#define GS_REFUSE_DRAIN 16 /* records read from a refused client, at most */
 
 static pthread_mutex_t ctl_mu = PTHREAD_MUTEX_INITIALIZER;
 static pid_t server_pid; /* pid the running server was started for */
 static int listen_fd = -1;
 static int n_workers; /* atomic */
 
-static void send_reply(int sock, struct gs_reply *r)
+/* flags: for sendmsg (MSG_DONTWAIT where nothing may wait) */
+static void send_reply(int sock, struct gs_reply *r, int flags)
 {
     struct gs_buf text = {0};
     gs_reply_text(r, &text);
     if (!text.oom)
-        gs_send_text(sock, text.p, text.n, r->error ? -1 : r->fd, 0);
+        gs_send_text(sock, text.p, text.n, r->error ? -1 : r->fd, flags);
     gs_buf_free(&text);
 }
 
-static void send_error(int sock, const char *code, const char *reason)
+static void send_error(int sock, const char *code, const char *reason, int flags)
 {
     struct gs_reply r;
     gs_reply_init(&r);
     gs_reply_fail(&r, code, "%s", reason);
-    send_reply(sock, &r);
+    send_reply(sock, &r, flags);
 }
 
 static void serve(int sock)
@@ -65,7 +66,7 @@ static void serve(int sock)
     char *buf = malloc(GS_MAX_REQUEST);
     int fds[GS_MAX_FDS], nfds = 0, trunc = 0, ctrunc = 0;
     if (!buf) {
-        send_error(sock, "failed", "out of memory");
+        send_error(sock, "failed", "out of memory", 0);
         return;
     }
     ssize_t n = gs_recv_record(sock, buf, GS_MAX_REQUEST, fds, &nfds, &trunc, &ctrunc, 0);
@@ -73,16 +74,16 @@ static void serve(int sock)
     gs_reply_init(&r);
     if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK)
-            send_error(sock, "bad-request", "no request within 2000 ms");
+            send_error(sock, "bad-request", "no request within 2000 ms", 0);
     } else if (n == 0) {
         /* the client went away */
     } else if (trunc) {
-        send_error(sock, "bad-request", "request larger than 65536 bytes");
+        send_error(sock, "bad-request", "request larger than 65536 bytes", 0);
     } else if (ctrunc) {
-        send_error(sock, "bad-request", "too many fds attached");
+        send_error(sock, "bad-request", "too many fds attached", 0);
     } else {
         gs_command_run(buf, (size_t)n, fds, nfds, &r);
-        send_reply(sock, &r);
+        send_reply(sock, &r, 0);
     }
     gs_reply_free(&r);
     for (int i = 0; i < nfds; i++)
@@ -113,18 +114,25 @@ static int peer_allowed(int sock, char *why, size_t whylen)
     return 0;
 }
 
-/* Answers without serving: reads (and drops) the request first, because closing a unix socket
- * with unread data resets the connection and the client would never see why. A client that sends
- * nothing holds the accept thread for at most GS_DENY_WAIT_MS. */
+/* Answers without serving, in the accept thread, without waiting for anything: a stranger must not
+ * be able to slow the server down. Closing a unix socket with unread data resets the connection
+ * (the client would never see why), so: no more data may come (SHUT_RD: the client's further sends
+ * fail), what is already queued is read and dropped (fds closed), the reply goes out if the
+ * client's queue has room, and the socket is closed. */
 static void refuse(int sock, const char *code, const char *why)
 {
     char buf[256];
     int fds[GS_MAX_FDS], nfds = 0, trunc, ctrunc;
-    gs_set_timeouts(sock, GS_DENY_WAIT_MS, GS_DENY_WAIT_MS);
-    if (gs_recv_record(sock, buf, sizeof(buf), fds, &nfds, &trunc, &ctrunc, 0) >= 0)
+    shutdown(sock, SHUT_RD);
+    for (int k = 0; k < GS_REFUSE_DRAIN; k++) {
+        ssize_t n = gs_recv_record(sock, buf, sizeof(buf), fds, &nfds, &trunc, &ctrunc,
+                                   MSG_DONTWAIT);
         for (int i = 0; i < nfds; i++)
             close(fds[i]);
-    send_error(sock, code, why);
+        if (n <= 0)
+            break;
+    }
+    send_error(sock, code, why, MSG_DONTWAIT);
     close(sock);
 }
 
@@ -142,12 +150,12 @@ static void *accept_main(void *arg)
             }
             return NULL; /* the socket was closed (fork child, exit) */
         }
-        gs_set_timeouts(sock, GS_REQ_TIMEOUT_MS, GS_REPLY_TIMEOUT_MS);
         char why[160];
         if (!peer_allowed(sock, why, sizeof(why))) {
             refuse(sock, "denied", why);
             continue;
         }
+        gs_set_timeouts(sock, GS_REQ_TIMEOUT_MS, GS_REPLY_TIMEOUT_MS);
         if (__atomic_add_fetch(&n_workers, 1, __ATOMIC_SEQ_CST) > GS_MAX_WORKERS ||
             gs_start_thread(worker_main, (void *)(intptr_t)sock)) {
             __atomic_sub_fetch(&n_workers, 1, __ATOMIC_SEQ_CST);
