@@ -385,6 +385,12 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     gs_lock();
     struct gs_alloc *a = gs_find_malloc_va(dptr);
     if (!a) {
+        /* driver memory: lazy IPC handles of it die with it */
+        for (size_t i = 0; i < gs.lazy_ipc.n; i++)
+            if (gs.lazy_ipc.v[i].base == dptr) {
+                GS_DEL(gs.lazy_ipc, i);
+                break;
+            }
         gs_unlock();
         return real(dptr);
     }

@@ -137,12 +137,32 @@ static void cmd_whose(struct call *c)
                   (unsigned long long)o.id, o.is_mc ? "true" : "false", o.size);
 }
 
-static void cmd_export(struct call *c)
+/* export and ipcget: -2 busy, -1 failed, "gone" when the reason says so. */
+static int memory_result(struct call *c, int r)
 {
-    int r = gs_export_id(c->id, &c->out->fd, c->err, sizeof(c->err));
     if (r)
         gs_reply_fail(c->out, r == -2 ? "busy" : strncmp(c->err, "gone", 4) == 0 ? "gone" : "failed",
                       "%s", c->err);
+    return r;
+}
+
+static void cmd_export(struct call *c)
+{
+    memory_result(c, gs_export_id(c->id, &c->out->fd, c->err, sizeof(c->err)));
+}
+
+static void cmd_ipcget(struct call *c)
+{
+    const struct gs_json_field *va = gs_json_get(c->req, "va", 'i');
+    unsigned char h[64];
+    if (!va || va->num <= 0) {
+        gs_reply_fail(c->out, "bad-request", "ipcget needs \"va\": a positive integer");
+        return;
+    }
+    if (memory_result(c, gs_ipc_get((uint64_t)va->num, h, c->err, sizeof(c->err))))
+        return;
+    gs_buf_printf(&c->out->body, "\"handle\":");
+    gs_buf_hex(&c->out->body, h, sizeof(h));
 }
 
 /* The suspend/resume operations (lifecycle.c) and what their results mean on the wire. */
@@ -236,6 +256,7 @@ static const struct command {
     {"resume", 0, 0, 0, 0, cmd_resume},
     {"whose", 1, 0, 0, 0, cmd_whose},
     {"export", 0, 1, 0, 0, cmd_export},
+    {"ipcget", 0, 0, 0, 0, cmd_ipcget},
     {"release", 0, 0, 1, 1, cmd_release},
     {"void-exports", 0, 0, 1, 1, cmd_void_exports},
     {"recreate", 0, 0, 1, 1, cmd_recreate},

@@ -116,6 +116,36 @@ void gs_buf_str(struct gs_buf *b, const char *str)
     put(b, "\"", 1);
 }
 
+void gs_buf_hex(struct gs_buf *b, const unsigned char *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    put(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        char two[2] = {digits[p[i] >> 4], digits[p[i] & 15]};
+        put(b, two, 2);
+    }
+    put(b, "\"", 1);
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int gs_hex_decode(const char *hex, unsigned char *out, size_t n)
+{
+    if (strlen(hex) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        out[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return 0;
+}
+
 void gs_buf_free(struct gs_buf *b)
 {
     free(b->p);

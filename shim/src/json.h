@@ -15,6 +15,9 @@ void gs_buf_printf(struct gs_buf *b, const char *fmt, ...) __attribute__((format
  * byte that is not part of valid UTF-8 replaced by U+FFFD. */
 void gs_buf_str(struct gs_buf *b, const char *s);
 void gs_buf_free(struct gs_buf *b);
+/* Bytes as a JSON string of lowercase hex digits; and back (exactly 2n digits): 0, or -1. */
+void gs_buf_hex(struct gs_buf *b, const unsigned char *p, size_t n);
+int gs_hex_decode(const char *hex, unsigned char *out, size_t n);
 
 #define GS_JSON_MAX_FIELDS 16
 struct gs_json_field {

@@ -123,6 +123,12 @@ static void objects_json(struct gs_buf *b, const struct gs_devices *d)
                       h->owned ? "true" : "false", (unsigned long long)h->dptr,
                       h->dropped ? "true" : "false");
     }
+    gs_buf_printf(b, "],\"lazy_ipc_handles\":[");
+    for (size_t i = 0; i < gs.lazy_ipc.n; i++) {
+        const struct gs_lazy_ipc *l = &gs.lazy_ipc.v[i];
+        gs_buf_printf(b, "%s{\"va\":%llu,\"size\":%zu,\"opened\":%d}", i ? "," : "",
+                      (unsigned long long)l->base, l->size, l->opened);
+    }
     gs_buf_printf(b, "],\"peer_access\":[");
     int first = 1;
     for (int o = 0; o < GS_MAX_DEV; o++)

@@ -123,6 +123,14 @@ struct gs_map *gs_find_map_at(CUdeviceptr va)
     return NULL;
 }
 
+struct gs_lazy_ipc *gs_find_lazy_ipc(CUdeviceptr va)
+{
+    for (size_t i = 0; i < gs.lazy_ipc.n; i++)
+        if (va >= gs.lazy_ipc.v[i].base && va - gs.lazy_ipc.v[i].base < gs.lazy_ipc.v[i].size)
+            return &gs.lazy_ipc.v[i];
+    return NULL;
+}
+
 int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id)
 {
     struct gs_alloc *a = gs_find_alloc_h(h);
@@ -263,6 +271,8 @@ void gs_state_reset_after_fork(void)
     free(gs.mcasts.v);
     free(gs.mcbinds.v);
     free(gs.aliases.v);
+    free(gs.xlat.v);
+    free(gs.lazy_ipc.v);
     uint64_t next = gs.next_id;
     memset(&gs, 0, sizeof(gs));
     gs.next_id = next;

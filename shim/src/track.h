@@ -126,6 +126,14 @@ struct gs_xlat {
     CUmemGenericAllocationHandle app, cur;
 };
 
+/* A lazy CUDA IPC handle given out (ipc.c) for driver memory the shim does not back: the driver
+ * sees nothing until an opener asks (`ipcget`). One record per allocation, by its base. */
+struct gs_lazy_ipc {
+    CUdeviceptr base;
+    size_t size;
+    int opened; /* ipcget answered: driver IPC handles of it are out */
+};
+
 #define GS_ARRAY(type) struct { type *v; size_t n, cap; }
 
 struct gs_state {
@@ -139,6 +147,7 @@ struct gs_state {
     GS_ARRAY(struct gs_mcbind) mcbinds;
     GS_ARRAY(struct gs_alias) aliases;
     GS_ARRAY(struct gs_xlat) xlat;
+    GS_ARRAY(struct gs_lazy_ipc) lazy_ipc;
     unsigned char peer[GS_MAX_DEV][GS_MAX_DEV]; /* [owner][accessor] enabled by the app */
     /* Sharing this process gave out but cannot identify (a status note; importers refuse). */
     int n_foreign_ipc_exports;
@@ -172,6 +181,7 @@ struct gs_import *gs_find_import_id(uint64_t id);
 struct gs_mcast *gs_find_mcast_h(CUmemGenericAllocationHandle h);
 struct gs_mcast *gs_find_mcast_id(uint64_t id);
 struct gs_map *gs_find_map_at(CUdeviceptr va); /* the mapping containing va */
+struct gs_lazy_ipc *gs_find_lazy_ipc(CUdeviceptr va); /* the lazy IPC record containing va */
 /* What a handle the app holds refers to (alloc, import, multicast object or retained alias). */
 int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id);
 /* Forget objects the app released that nothing maps any more; close their export dups. */
