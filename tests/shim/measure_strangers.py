@@ -19,7 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.dirname(HERE)]
 
 from fakecuda.build import build_fake_driver  # noqa: E402
-from shimtest import Workload  # noqa: E402
+from shimtest import Workload, fd_pass  # noqa: E402
 from stranger import stranger_cmd  # noqa: E402
 
 from criu_gpushare import control  # noqa: E402
@@ -45,11 +45,7 @@ def timed(fn):
 
 def import_time(exporter, importer, tmp, tag):
     exporter.do(f"cumem {tag} 4194304")
-    fd = exporter.do(f"export {tag}")["fd"]
-    path = os.path.join(tmp, f"sock-{tag}")
-    importer.do(f"listen {path}")
-    exporter.do(f"sendfd {fd} {path}")
-    got = importer.do("recvfd")["fd"]
+    got = fd_pass(exporter, importer, tag, tmp)
     return timed(lambda: importer.do(f"import {tag} {got} 4194304", timeout=120))
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from fakecuda.usage import read_usage
-from shimtest import fake_only
+from shimtest import fake_only, fd_pass
 from criu_gpushare import control
 from criu_gpushare.errors import ShimError
 
@@ -36,14 +36,6 @@ def driver_uuids(env):
 def as_smi(hexuuid):
     h = hexuuid
     return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
-
-
-def fd_pass(exporter, importer, name, tmp_path):
-    path = str(tmp_path / f"fd-{name}.sock")
-    importer.do(f"listen {path}")
-    fd = exporter.do(f"export {name}")["fd"]
-    exporter.do(f"sendfd {fd} {path}")
-    return importer.do("recvfd")["fd"]
 
 
 def test_status_names_every_device_and_where_memory_lives(workload, cuda_env, tmp_path):

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from criu_gpushare import control
+from shimtest import fd_pass
 from stranger import stranger_cmd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as uid 1001")
@@ -46,11 +47,7 @@ def unclaimed_fd(exporter, importer, tmp_path, name):
     """An fd of memory exported by a process without the shim, received by importer: nobody
     claims it, so the importer's shim asks every @criu-gpushare.* name about it."""
     exporter.do(f"cumem {name} 2097152")
-    fd = exporter.do(f"export {name}")["fd"]
-    path = str(tmp_path / f"sock-{name}")
-    importer.do(f"listen {path}")
-    exporter.do(f"sendfd {fd} {path}")
-    return importer.do("recvfd")["fd"]
+    return fd_pass(exporter, importer, name, tmp_path)
 
 
 def test_an_import_never_sends_its_fd_to_another_users_socket(workload, cuda_env, stranger,
