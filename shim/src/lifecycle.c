@@ -81,13 +81,6 @@ static CUresult map_dropped(int kind, uint64_t id, CUmemGenericAllocationHandle 
     return r;
 }
 
-/* Where an import's memory is re-created or attached: its device, else device 0. */
-static int import_device(uint64_t id)
-{
-    int dev = gs_import_device(id);
-    return dev < 0 ? 0 : dev;
-}
-
 static int first_map_va(int kind, uint64_t id, CUdeviceptr *va)
 {
     for (size_t i = 0; i < gs.maps.n; i++)
@@ -488,7 +481,7 @@ int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf
         return 0;
     }
     if (dev < 0)
-        dev = import_device(id);
+        dev = gs_import_device(id);
     CUmemAllocationProp prop;
     default_prop(&prop, dev);
     int pushed = gs_push_ctx(dev);
@@ -525,7 +518,7 @@ int gs_lc_attach(uint64_t id, int fd, struct gs_buf *body, char *err, size_t err
         gs_buf_printf(body, "\"attached\":false");
         return 0;
     }
-    int pushed = gs_push_ctx(import_device(id));
+    int pushed = gs_push_ctx(gs_import_device(id));
     CUmemGenericAllocationHandle nh;
     CUresult r = REAL(cuMemImportFromShareableHandle)(&nh, (void *)(intptr_t)fd,
                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
@@ -597,7 +590,7 @@ int gs_lc_export_import(uint64_t id, int *fd_out, char *err, size_t errlen)
     } else if (im->app_released || im->kind != GS_IMPORT_FD) {
         r = CUDA_ERROR_NOT_MAPPED;
     }
-    int pushed = gs_push_ctx(import_device(id));
+    int pushed = gs_push_ctx(gs_import_device(id));
     if (r == CUDA_SUCCESS)
         r = REAL(cuMemExportToShareableHandle)(fd_out, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (retained)

@@ -106,10 +106,7 @@ static void objects_json(struct gs_buf *b, const struct gs_devices *d)
         gs_buf_printf(b, ",\"app_released\":%s,\"dropped\":%s", im->app_released ? "true" : "false",
                       im->dropped ? "true" : "false");
         int dev = gs_import_device(im->id); /* where its memory lives */
-        if (dev >= 0)
-            gs_buf_printf(b, ",\"device\":%d", dev);
-        else
-            gs_buf_printf(b, ",\"device\":null");
+        gs_buf_printf(b, ",\"device\":%d", dev);
         gpu_json(b, d, dev);
         gs_buf_printf(b, "}");
     }

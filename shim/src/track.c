@@ -240,7 +240,7 @@ int gs_import_device(uint64_t id)
             if (m->access[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
                 return m->access[k].location.id;
     }
-    return -1;
+    return 0;
 }
 
 int gs_same_open_file(int a, int b)

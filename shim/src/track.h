@@ -195,7 +195,8 @@ int gs_untracked(char *out, size_t outlen);
 int gs_untracked_list(char msgs[GS_UNTRACKED_MAX][GS_UNTRACKED_LEN]);
 /* Anything released by the suspend commands (an allocation, import, mapping or host buffer). */
 int gs_anything_dropped(void);
-/* The device an import's memory lives on: the first device its mappings give access to, or -1. */
+/* The device an import's memory lives on: the first device its mappings give access to, else 0
+ * (where adopt and attach work when nothing says otherwise). */
 int gs_import_device(uint64_t id);
 /* Two fds of one open file (kcmp KCMP_FILE): copies of one export. */
 int gs_same_open_file(int a, int b);
