@@ -27,7 +27,7 @@ import threading
 
 from .errors import BusyError, ProcessError, ShimError
 
-PROTOCOL = 1  # CRIU_GPUSHARE_PROTOCOL in shim/include/criu_gpushare_shim.h
+PROTOCOL = 2  # CRIU_GPUSHARE_PROTOCOL in shim/include/criu_gpushare_shim.h
 SOCKET_PREFIX = "criu-gpushare."
 MAX_RECORD = 65536
 MAX_REPLY = 64 << 20
@@ -184,6 +184,13 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
     if not reply.get("ok"):
         _close_all(got_fds)
         code, reason = reply.get("error", "failed"), reply.get("reason", "")
+        if code == "version":
+            # A shim of protocol 2 or later says which it speaks; a protocol 1 shim only puts its
+            # own version in "v".
+            theirs = reply.get("protocol", reply.get("v", "?"))
+            raise ShimError(f"process {pid} runs a criu-gpushare shim of control protocol {theirs}; "
+                            f"this criu-gpushare speaks {PROTOCOL}: restart the workload with this "
+                            "version's shim (`criu-gpushare run`)")
         if code == "busy":
             raise BusyError(f"process {pid}: {reason}")
         raise ShimError(f"process {pid}: {cmd} {code}: {reason}")

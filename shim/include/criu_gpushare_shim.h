@@ -17,13 +17,22 @@
  * The shim's own driver calls never go through its wrappers; a wrapper re-entered on one thread
  * passes straight through.
  *
- * What it tracks (status command, protocol.md): cuMem allocations (POSIX-fd export capability is
- * added to every cuMemCreate), mappings with merged access, POSIX-fd exports (kept dups), imports
- * linked to their exporter (pid, allocation id), cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN backed by
- * exportable cuMem memory, CUDA IPC of that memory served through the shim, page-locked host memory
- * (cuMemHostAlloc/cuMemAllocHost are mmap + register, so they can be re-registered), peer access,
- * multicast objects and binds. Imports it cannot restore (CUDA IPC of memory not allocated through
- * a shim, imports no shim claims as exporter) are listed so a checkpoint refuses them.
+ * What it tracks (status command, protocol.md): the devices it sees (ordinal and UUID), cuMem
+ * allocations (POSIX-fd export capability is added to every cuMemCreate) and the GPU each lives
+ * on, mappings with merged access, POSIX-fd exports (kept dups), imports linked to their exporter
+ * (pid, allocation id), cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN backed by exportable cuMem memory,
+ * CUDA IPC of that memory served through the shim, page-locked host memory (cuMemHostAlloc/
+ * cuMemAllocHost are mmap + register, so they can be re-registered), peer access, multicast objects
+ * and binds. Imports it cannot restore (CUDA IPC of memory not allocated through a shim, imports
+ * no shim claims as exporter) are listed so a checkpoint refuses them.
+ *
+ * Legacy CUDA IPC: memory the shim backs gets a handle served by the shim (an fd export); other
+ * memory the driver can share (a small cuMemAlloc) gets a lazy handle, for which the exporter's
+ * shim takes the driver's handle only when someone opens it, so a handle not yet opened survives
+ * the exporter's checkpoints. An opened one is a driver IPC import, which a checkpoint refuses.
+ *
+ * Suspend/resume re-creates released memory at the same VAs; a devices map ("0:1,1:0") puts it on
+ * other GPUs of this process, with everything recorded for the old ordinal following.
  *
  * Gates (quiesce/resume): launch gate = cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
  * cuGraphLaunch; memory gate = copies, memsets, stream memory operations, cuLaunchHostFunc (each
@@ -41,13 +50,19 @@
  *   criu_gpushare_shim_protocol()  the control-protocol version (an integer, see protocol.md)
  * Also exported: dlsym, and the driver functions listed in hooks.def.
  *
- * Control socket: abstract "\0criu-gpushare.<pid>", SOCK_SEQPACKET, JSON; see shim/protocol.md.
+ * Control socket: abstract "\0criu-gpushare.<pid>", SOCK_SEQPACKET, JSON, protocol version
+ * CRIU_GPUSHARE_PROTOCOL (another version is answered with error "version"); see shim/protocol.md.
+ * It serves only root and the process's own euid, and sends fds to and believes answers from only
+ * peer shims of those users whose pid matches their name; a stranger's socket or connections cost
+ * the program nothing measurable.
+ *
+ * Sources: shim/README.md has the module map and its layers.
  */
 #ifndef CRIU_GPUSHARE_SHIM_H
 #define CRIU_GPUSHARE_SHIM_H
 
 #define CRIU_GPUSHARE_SHIM_VERSION "0.1.0"
-#define CRIU_GPUSHARE_PROTOCOL 1
+#define CRIU_GPUSHARE_PROTOCOL 2
 
 #define GS_EXPORT __attribute__((visibility("default")))
 

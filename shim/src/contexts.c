@@ -4,10 +4,13 @@
  * from cuCtxCreate cannot be enumerated, so the shim records them here. The list lock is held
  * while the drain synchronizes them, so a cuCtxDestroy waits instead of racing it.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "shim_internal.h"
+#include "contexts.h"
+#include "resolve.h"
+#include "track.h"
 
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static CUcontext *ctxs;

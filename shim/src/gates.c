@@ -12,11 +12,15 @@
  * The fast path is two atomic adds and a load; a held caller sleeps on a condition variable.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
 
-#include "shim_internal.h"
+#include "contexts.h"
+#include "gates.h"
+#include "resolve.h"
+#include "threads.h"
 
 struct gate {
     int closed;    /* atomic */
@@ -94,7 +98,7 @@ static int close_and_wait(struct gate *g, long deadline)
     return 0;
 }
 
-void gs_gates_open(void)
+static void gates_open(void)
 {
     pthread_mutex_lock(&gate_mu);
     __atomic_store_n(&gates[GS_GATE_LAUNCH].closed, 0, __ATOMIC_SEQ_CST);
@@ -167,7 +171,8 @@ static void *sync_main(void *arg)
     return NULL;
 }
 
-int gs_sync_all(int ms, char *err, size_t errlen)
+/* Synchronizes every active primary context and every created one, waiting at most ms. */
+static int sync_all(int ms, char *err, size_t errlen)
 {
     struct timespec ts;
     deadline_ts(&ts, ms);
@@ -194,11 +199,8 @@ int gs_sync_all(int ms, char *err, size_t errlen)
             return -1;
         }
     CUresult r = sync_result;
-    if (r != CUDA_SUCCESS) {
-        const char *name = NULL;
-        CU(CUresult(*)(CUresult, const char **), cuGetErrorName, r, &name);
-        snprintf(err, errlen, "%s: %s", sync_what, name ? name : "CUDA error");
-    }
+    if (r != CUDA_SUCCESS)
+        snprintf(err, errlen, "%s: %s", sync_what, gs_cu_name(r));
     pthread_mutex_unlock(&sync_mu);
     return r == CUDA_SUCCESS ? 0 : -1;
 }
@@ -214,13 +216,13 @@ int gs_quiesce(int timeout_ms, char *err, size_t errlen)
             goto busy;
         }
         long left = deadline - now_ms();
-        if (gs_sync_all(left > 0 ? (int)left : 1, err, errlen))
+        if (sync_all(left > 0 ? (int)left : 1, err, errlen))
             goto busy;
     }
     pthread_mutex_unlock(&quiesce_mu);
     return 0;
 busy:
-    gs_gates_open();
+    gates_open();
     pthread_mutex_unlock(&quiesce_mu);
     return -1;
 }
@@ -229,7 +231,7 @@ void gs_resume(void)
 {
     /* After a quiesce in progress, not in the middle of it (it would close the gates again). */
     pthread_mutex_lock(&quiesce_mu);
-    gs_gates_open();
+    gates_open();
     pthread_mutex_unlock(&quiesce_mu);
 }
 
@@ -244,15 +246,10 @@ int gs_quiesced(int wait)
     return closed;
 }
 
-void gs_gates_status(struct gs_buf *b)
+void gs_gate_state(int gate, int *closed, long *inflight)
 {
-    gs_buf_printf(b,
-                  "\"gates\":{\"launch\":{\"closed\":%s,\"inflight\":%ld},"
-                  "\"memory\":{\"closed\":%s,\"inflight\":%ld}}",
-                  __atomic_load_n(&gates[0].closed, __ATOMIC_SEQ_CST) ? "true" : "false",
-                  __atomic_load_n(&gates[0].inflight, __ATOMIC_SEQ_CST),
-                  __atomic_load_n(&gates[1].closed, __ATOMIC_SEQ_CST) ? "true" : "false",
-                  __atomic_load_n(&gates[1].inflight, __ATOMIC_SEQ_CST));
+    *closed = __atomic_load_n(&gates[gate].closed, __ATOMIC_SEQ_CST);
+    *inflight = __atomic_load_n(&gates[gate].inflight, __ATOMIC_SEQ_CST);
 }
 
 void gs_gates_reset_after_fork(void)

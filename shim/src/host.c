@@ -12,7 +12,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "shim_internal.h"
+#include "resolve.h"
+#include "track.h"
 
 #define GS_HOST_REGISTER_FLAGS (CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP)
 
@@ -74,7 +75,7 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     if (gs_depth || !pp)
         return real(pp, bytesize, Flags);
     gs_depth++;
-    gs_control_ensure();
+    gs_want_server();
     CUresult r = shim_host_alloc(pp, bytesize, GS_HOST_REGISTER_FLAGS);
     if (r != CUDA_SUCCESS)
         r = real(pp, bytesize, Flags);
@@ -90,7 +91,7 @@ CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
     if (gs_depth || !pp)
         return real(pp, bytesize);
     gs_depth++;
-    gs_control_ensure();
+    gs_want_server();
     CUresult r = shim_host_alloc(pp, bytesize, GS_HOST_REGISTER_FLAGS);
     if (r != CUDA_SUCCESS)
         r = real(pp, bytesize);
@@ -126,7 +127,7 @@ CUresult CUDAAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Fla
     gs_depth++;
     CUresult r = real(p, bytesize, Flags);
     if (r == CUDA_SUCCESS) {
-        gs_control_ensure();
+        gs_want_server();
         record_host(p, bytesize, Flags, 0);
     }
     gs_depth--;

@@ -7,23 +7,33 @@
  *           network namespace ("whose", with the fd attached) who exported it; an import nobody
  *           claims keeps a dup and is asked about again at quiesce, then refused if still unknown
  *
- * Legacy CUDA IPC (cuIpcGetMemHandle/cuIpcOpenMemHandle):
- *   memory behind a shim-backed cuMemAlloc gets a shim handle (magic, pid, allocation id); the
- *   opener asks the exporter's shim for a POSIX fd of that allocation ("export"), imports and maps
- *   it at a fresh VA. The driver never sees a legacy IPC handle of this memory, and a handle
- *   nobody opens costs nothing. Any other memory goes to the driver and is recorded as something a
- *   checkpoint must refuse.
+ * Legacy CUDA IPC (cuIpcGetMemHandle/cuIpcOpenMemHandle), two kinds of shim handle:
+ *   backed  memory behind a shim-backed cuMemAlloc (magic CRIUGSH1: pid, allocation id); the opener
+ *           asks the exporter's shim for a POSIX fd of that allocation ("export"), imports and maps
+ *           it at a fresh VA. The driver never sees a legacy IPC handle of this memory.
+ *   lazy    other memory the driver can share by legacy IPC (a small cuMemAlloc; magic CRIUGSL1:
+ *           pid, base VA, size, offset). Nothing is asked of the driver until an opener asks the
+ *           exporter's shim ("ipcget"), which takes the driver's handle then; the opener opens that.
+ *           So a handle nobody opened survives the exporter's checkpoints (a driver handle taken
+ *           before a checkpoint does not open after the restore), while an opened one is a driver
+ *           IPC import like any other, which a checkpoint must refuse.
+ * Handles of anything else go to the driver.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/kcmp.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include "shim_internal.h"
+#include "devices.h"
+#include "ipc.h"
+#include "json.h"
+#include "peer.h"
+#include "resolve.h"
+#include "threads.h"
+#include "track.h"
 
 #define GS_IPC_MAGIC "CRIUGSH1"
 
@@ -39,13 +49,25 @@ struct gs_ipc_handle {
 _Static_assert(sizeof(struct gs_ipc_handle) <= sizeof(((CUipcMemHandle *)0)->reserved),
                "the shim's IPC handle must fit in CUipcMemHandle");
 
+#define GS_IPC_LAZY_MAGIC "CRIUGSL1"
+
+struct gs_ipc_lazy {
+    char magic[8];
+    uint32_t version;
+    int32_t pid;
+    uint64_t base; /* of the allocation (cuMemGetAddressRange) */
+    uint64_t size;
+    uint64_t offset; /* of the pointer the handle was taken for */
+};
+_Static_assert(sizeof(struct gs_ipc_lazy) <= sizeof(((CUipcMemHandle *)0)->reserved),
+               "the shim's lazy IPC handle must fit in CUipcMemHandle");
+
 /* Do two fds name the same exported memory? The same open file (kcmp), or for file-backed exports
  * the same inode; device nodes (the real driver's fds) all share one inode, so only kcmp counts
  * for them. */
 static int same_file(int a, int b)
 {
-    pid_t self = getpid();
-    if (syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0)
+    if (gs_same_open_file(a, b))
         return 1;
     /* A file-backed export (memfd) reopened through /proc/PID/fd is a new open file of the same
      * inode, and the same memory. */
@@ -57,7 +79,7 @@ static int same_file(int a, int b)
 
 int gs_whose_fd(int fd, struct gs_origin *out, char *err, size_t errlen)
 {
-    if (gs_lock_timed(2000)) {
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS)) {
         snprintf(err, errlen, "busy (state lock)");
         return -2;
     }
@@ -82,31 +104,9 @@ int gs_whose_fd(int fd, struct gs_origin *out, char *err, size_t errlen)
     return found;
 }
 
-/* Pushes the primary context of dev (the server threads have none), for driver calls that may
- * want one. */
-static int push_device(int dev)
-{
-    CUcontext ctx;
-    if (dev < 0 ||
-        CU(CUresult(*)(CUcontext *, CUdevice), cuDevicePrimaryCtxRetain, &ctx, dev) != CUDA_SUCCESS)
-        return 0;
-    if (CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS) {
-        CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
-        return 0;
-    }
-    return 1;
-}
-
-static void pop_device(int dev)
-{
-    CUcontext old;
-    CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
-    CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, dev);
-}
-
 int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
 {
-    if (gs_lock_timed(2000)) {
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS)) {
         snprintf(err, errlen, "busy (state lock)");
         return -2;
     }
@@ -132,19 +132,16 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
     }
     int fd = -1;
     if (r == CUDA_SUCCESS) {
-        int pushed = push_device(dev);
+        int pushed = gs_push_ctx(dev);
         r = REAL(cuMemExportToShareableHandle)(&fd, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
-        if (pushed)
-            pop_device(dev);
+        gs_pop_ctx(pushed);
     }
     if (retained)
         REAL(cuMemRelease)(h);
     gs_unlock();
     if (r != CUDA_SUCCESS) {
-        const char *name = NULL;
-        CU(CUresult(*)(CUresult, const char **), cuGetErrorName, r, &name);
         snprintf(err, errlen, "cuMemExportToShareableHandle of allocation %llu: %s",
-                 (unsigned long long)id, name ? name : "CUDA error");
+                 (unsigned long long)id, gs_cu_name(r));
         return -1;
     }
     *fd_out = fd;
@@ -178,20 +175,22 @@ static int find_exporter(int fd, pid_t *pid, struct gs_origin *origin)
         *pid = getpid();
         return 0;
     }
-    pid_t pids[512];
-    int n = gs_peer_pids(pids, 512);
+    size_t n;
+    pid_t *pids = gs_peer_pids(&n);
     char req[64], reply[512];
+    int rc = -1;
     snprintf(req, sizeof(req), "{\"v\":%d,\"cmd\":\"whose\"}", CRIU_GPUSHARE_PROTOCOL);
-    for (int i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && rc; i++) {
         if (pids[i] == getpid())
             continue;
         if (gs_peer_request(pids[i], req, fd, reply, sizeof(reply), NULL, 2000) == 0 &&
             reply_origin(reply, origin) == 0) {
             *pid = pids[i];
-            return 0;
+            rc = 0;
         }
     }
-    return -1;
+    free(pids);
+    return rc;
 }
 
 int gs_resolve_pending_imports(void)
@@ -201,7 +200,7 @@ int gs_resolve_pending_imports(void)
         int fd;
     } todo[256];
     int n = 0, left = 0;
-    if (gs_lock_timed(2000))
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS))
         return -1;
     for (size_t i = 0; i < gs.imports.n; i++) {
         struct gs_import *im = &gs.imports.v[i];
@@ -221,7 +220,7 @@ int gs_resolve_pending_imports(void)
         struct gs_origin o;
         int found = find_exporter(todo[k].fd, &pid, &o) == 0;
         close(todo[k].fd);
-        if (!found || gs_lock_timed(2000))
+        if (!found || gs_lock_timed(GS_LOCK_TIMEOUT_MS))
             continue;
         for (size_t i = 0; i < gs.imports.n; i++) {
             struct gs_import *im = &gs.imports.v[i];
@@ -237,7 +236,7 @@ int gs_resolve_pending_imports(void)
         }
         gs_unlock();
     }
-    if (gs_lock_timed(2000))
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS))
         return -1;
     for (size_t i = 0; i < gs.imports.n; i++)
         left += gs.imports.v[i].kind == GS_IMPORT_FD && gs.imports.v[i].exporter_pid == 0;
@@ -260,7 +259,7 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
     CUresult r = real(shareableHandle, handle, handleType, flags);
     if (r == CUDA_SUCCESS && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
         shareableHandle) {
-        gs_control_ensure();
+        gs_want_server();
         int dup = fcntl(*(int *)shareableHandle, F_DUPFD_CLOEXEC, 3);
         gs_lock();
         uint64_t id;
@@ -304,7 +303,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
         gs_depth--;
         return r;
     }
-    gs_control_ensure();
+    gs_want_server();
     pid_t pid = 0;
     struct gs_origin o = {0, 0, 0};
     int keep = -1;
@@ -344,6 +343,17 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
 
 /* ---- legacy CUDA IPC ---------------------------------------------------------------------------- */
 
+/* Driver memory that legacy IPC can share: its base and size. */
+static int legacy_ipc_capable(CUdeviceptr dptr, CUdeviceptr *base, size_t *size)
+{
+    unsigned char capable = 0;
+    if (CU(CUresult(*)(void *, CUpointer_attribute, CUdeviceptr), cuPointerGetAttribute, &capable,
+           CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, dptr) != CUDA_SUCCESS || !capable)
+        return 0;
+    return CU(CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr), cuMemGetAddressRange_v2, base, size,
+              dptr) == CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
     __typeof__(&cuIpcGetMemHandle) real = REAL(cuIpcGetMemHandle);
@@ -368,12 +378,25 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
         a->ipc_handles++;
     }
     gs_unlock();
-    CUresult r;
+    CUresult r = CUDA_SUCCESS;
+    CUdeviceptr base;
+    size_t size;
+    memset(pHandle, 0, sizeof(*pHandle));
     if (w.alloc_id) {
-        gs_control_ensure(); /* peers will ask for the memory */
-        memset(pHandle, 0, sizeof(*pHandle));
         memcpy(pHandle->reserved, &w, sizeof(w));
-        r = CUDA_SUCCESS;
+    } else if (legacy_ipc_capable(dptr, &base, &size)) {
+        struct gs_ipc_lazy l = {.version = 1, .pid = (int32_t)getpid(), .base = base,
+                                .size = size, .offset = dptr - base};
+        memcpy(l.magic, GS_IPC_LAZY_MAGIC, sizeof(l.magic));
+        memcpy(pHandle->reserved, &l, sizeof(l));
+        gs_lock();
+        if (!gs_find_lazy_ipc(base)) {
+            struct gs_lazy_ipc *rec = GS_PUSH(gs.lazy_ipc);
+            memset(rec, 0, sizeof(*rec));
+            rec->base = base;
+            rec->size = size;
+        }
+        gs_unlock();
     } else {
         r = real(pHandle, dptr);
         if (r == CUDA_SUCCESS) {
@@ -382,8 +405,54 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
             gs_unlock();
         }
     }
+    if (r == CUDA_SUCCESS)
+        gs_want_server(); /* peers will ask for the memory */
     gs_depth--;
     return r;
+}
+
+/* ipcget (a peer opens a lazy handle): the driver's own handle of the memory at va, taken now. */
+int gs_ipc_get(uint64_t va, unsigned char out[64], char *err, size_t errlen)
+{
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS)) {
+        snprintf(err, errlen, "busy (state lock)");
+        return -2;
+    }
+    struct gs_lazy_ipc *rec = gs_find_lazy_ipc((CUdeviceptr)va);
+    CUdeviceptr want_base = rec ? rec->base : 0;
+    size_t want_size = rec ? rec->size : 0;
+    gs_unlock();
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    /* Only memory a lazy handle was given for, and still the same allocation (not freed and
+     * allocated again at that address). */
+    if (!want_base ||
+        CU(CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr), cuMemGetAddressRange_v2, &base, &size,
+           (CUdeviceptr)va) != CUDA_SUCCESS || base != want_base || size != want_size) {
+        snprintf(err, errlen, "gone: no CUDA IPC handle of memory at 0x%llx was given out here",
+                 (unsigned long long)va);
+        return -1;
+    }
+    int dev = -1;
+    CU(CUresult(*)(void *, CUpointer_attribute, CUdeviceptr), cuPointerGetAttribute, &dev,
+       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)va);
+    int pushed = gs_push_ctx(dev);
+    CUipcMemHandle h;
+    CUresult r = REAL(cuIpcGetMemHandle)(&h, (CUdeviceptr)va);
+    gs_pop_ctx(pushed);
+    if (r != CUDA_SUCCESS) {
+        snprintf(err, errlen, "cuIpcGetMemHandle of 0x%llx: %s", (unsigned long long)va,
+                 gs_cu_name(r));
+        return -1;
+    }
+    memcpy(out, h.reserved, 64);
+    gs_lock();
+    rec = gs_find_lazy_ipc((CUdeviceptr)va);
+    if (rec)
+        rec->opened++;
+    gs.n_foreign_ipc_exports++; /* a driver handle is out now: its importer cannot be restored */
+    gs_unlock();
+    return 0;
 }
 
 static CUresult open_shim_handle(const struct gs_ipc_handle *w, unsigned flags, CUdeviceptr *out)
@@ -464,6 +533,25 @@ release:
     return r;
 }
 
+/* Opens a lazy handle: the exporter's shim takes the driver's handle now (ipcget). */
+static int fetch_lazy_handle(const struct gs_ipc_lazy *l, CUipcMemHandle *h)
+{
+    char req[128], reply[512], err[128];
+    snprintf(req, sizeof(req), "{\"v\":%d,\"cmd\":\"ipcget\",\"va\":%llu}",
+             CRIU_GPUSHARE_PROTOCOL, (unsigned long long)(l->base + l->offset));
+    struct gs_json j;
+    const struct gs_json_field *ok, *hex;
+    if (gs_peer_request(l->pid, req, -1, reply, sizeof(reply), NULL, 10000) ||
+        gs_json_parse(reply, strlen(reply), &j, err, sizeof(err)) ||
+        !(ok = gs_json_get(&j, "ok", 'b')) || !ok->num || !(hex = gs_json_get(&j, "handle", 's')) ||
+        gs_hex_decode(hex->str, (unsigned char *)h->reserved, sizeof(h->reserved))) {
+        gs_log("cuIpcOpenMemHandle: pid %d did not give a handle of 0x%llx: %s", (int)l->pid,
+               (unsigned long long)(l->base + l->offset), reply[0] ? reply : "no reply");
+        return -1;
+    }
+    return 0;
+}
+
 CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                        unsigned int Flags)
 {
@@ -473,23 +561,36 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
     if (gs_depth || !pdptr)
         return real(pdptr, handle, Flags);
     gs_depth++;
-    gs_control_ensure();
+    gs_want_server();
     struct gs_ipc_handle w;
+    struct gs_ipc_lazy l;
     memcpy(&w, handle.reserved, sizeof(w));
+    memcpy(&l, handle.reserved, sizeof(l));
     CUresult r;
     if (!memcmp(w.magic, GS_IPC_MAGIC, sizeof(w.magic)) && w.version == 1) {
         r = open_shim_handle(&w, Flags, pdptr);
-    } else {
-        r = real(pdptr, handle, Flags);
-        if (r == CUDA_SUCCESS) {
-            /* Memory of a process without the shim (or too small to be backed): recorded so a
-             * checkpoint refuses it instead of failing in the driver's restore. */
-            gs_lock();
-            struct gs_import *im = gs_new_import(GS_IMPORT_IPC);
-            im->va = *pdptr;
-            im->app_released = 1;
-            gs_unlock();
+        gs_depth--;
+        return r;
+    }
+    if (!memcmp(l.magic, GS_IPC_LAZY_MAGIC, sizeof(l.magic)) && l.version == 1) {
+        if (l.pid == (int32_t)getpid()) {
+            gs_depth--;
+            return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: no opening of one's own handle */
         }
+        if (fetch_lazy_handle(&l, &handle)) {
+            gs_depth--;
+            return CUDA_ERROR_INVALID_HANDLE;
+        }
+    }
+    r = real(pdptr, handle, Flags);
+    if (r == CUDA_SUCCESS) {
+        /* Memory of a process without the shim, or driver memory of one with it: recorded so a
+         * checkpoint refuses it instead of failing in the driver's restore. */
+        gs_lock();
+        struct gs_import *im = gs_new_import(GS_IMPORT_IPC);
+        im->va = *pdptr;
+        im->app_released = 1;
+        gs_unlock();
     }
     gs_depth--;
     return r;

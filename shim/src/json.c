@@ -1,12 +1,13 @@
 /* json.c: just enough JSON for the control protocol: a growable writer, and a strict reader of one
  * flat object (requests carry a command and a few scalar fields). The reader never trusts the
- * input: every length is bounded and anything unexpected is an error with a reason. */
+ * input: every length is bounded and anything unexpected is an error with a reason. The writer's
+ * strings are valid JSON whatever bytes they quote (replies quote request bytes). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "shim_internal.h"
+#include "json.h"
 
 static void reserve(struct gs_buf *b, size_t extra)
 {
@@ -46,19 +47,103 @@ void gs_buf_printf(struct gs_buf *b, const char *fmt, ...)
     b->n += (size_t)n;
 }
 
-void gs_buf_str(struct gs_buf *b, const char *s)
+static void put(struct gs_buf *b, const char *p, size_t n)
 {
-    gs_buf_printf(b, "\"");
-    for (; *s; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\')
-            gs_buf_printf(b, "\\%c", c);
-        else if (c < 0x20)
-            gs_buf_printf(b, "\\u%04x", c);
-        else
-            gs_buf_printf(b, "%c", c);
+    reserve(b, n);
+    if (b->oom)
+        return;
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+
+/* Length of the valid UTF-8 sequence at s (RFC 3629: no overlongs, surrogates or code points
+ * above U+10FFFF), or 0. */
+static size_t utf8_len(const unsigned char *s)
+{
+    unsigned char c = s[0];
+    unsigned char lo = 0x80, hi = 0xbf;
+    size_t n;
+    if (c >= 0xc2 && c <= 0xdf) {
+        n = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        n = 3;
+        lo = c == 0xe0 ? 0xa0 : 0x80; /* no overlong form */
+        hi = c == 0xed ? 0x9f : 0xbf; /* no surrogate */
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        n = 4;
+        lo = c == 0xf0 ? 0x90 : 0x80;
+        hi = c == 0xf4 ? 0x8f : 0xbf; /* nothing above U+10FFFF */
+    } else {
+        return 0;
     }
-    gs_buf_printf(b, "\"");
+    if (s[1] < lo || s[1] > hi)
+        return 0;
+    for (size_t i = 2; i < n; i++)
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+    return n;
+}
+
+void gs_buf_str(struct gs_buf *b, const char *str)
+{
+    const unsigned char *s = (const unsigned char *)str;
+    put(b, "\"", 1);
+    while (*s) {
+        size_t run = 0; /* plain ASCII goes out in one piece */
+        while (s[run] >= 0x20 && s[run] < 0x7f && s[run] != '"' && s[run] != '\\')
+            run++;
+        put(b, (const char *)s, run);
+        s += run;
+        if (!*s)
+            break;
+        if (*s == '"' || *s == '\\') {
+            char esc[2] = {'\\', (char)*s++};
+            put(b, esc, 2);
+        } else if (*s < 0x80) { /* control characters and DEL */
+            gs_buf_printf(b, "\\u%04x", *s++);
+        } else {
+            size_t n = utf8_len(s);
+            if (n) {
+                put(b, (const char *)s, n);
+                s += n;
+            } else {
+                put(b, "\xef\xbf\xbd", 3); /* U+FFFD for a byte that is not UTF-8 */
+                s++;
+            }
+        }
+    }
+    put(b, "\"", 1);
+}
+
+void gs_buf_hex(struct gs_buf *b, const unsigned char *p, size_t n)
+{
+    static const char digits[] = "0123456789abcdef";
+    put(b, "\"", 1);
+    for (size_t i = 0; i < n; i++) {
+        char two[2] = {digits[p[i] >> 4], digits[p[i] & 15]};
+        put(b, two, 2);
+    }
+    put(b, "\"", 1);
+}
+
+static int hex_digit(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+         : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int gs_hex_decode(const char *hex, unsigned char *out, size_t n)
+{
+    if (strlen(hex) != 2 * n)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        int hi = hex_digit(hex[2 * i]), lo = hex_digit(hex[2 * i + 1]);
+        if (hi < 0 || lo < 0)
+            return -1;
+        out[i] = (unsigned char)(hi << 4 | lo);
+    }
+    return 0;
 }
 
 void gs_buf_free(struct gs_buf *b)
@@ -235,4 +320,12 @@ const struct gs_json_field *gs_json_get(const struct gs_json *j, const char *key
         if (!strcmp(j->f[i].key, key))
             return j->f[i].type == type ? &j->f[i] : NULL;
     return NULL;
+}
+
+int gs_json_has(const struct gs_json *j, const char *key)
+{
+    for (int i = 0; i < j->n; i++)
+        if (!strcmp(j->f[i].key, key))
+            return 1;
+    return 0;
 }

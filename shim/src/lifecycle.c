@@ -7,171 +7,33 @@
  *   adopt {id}     an import whose exporter freed the memory becomes memory of this process
  *   attach {id}+fd an import maps its exporter's (re-created) memory again at the same VAs
  *   export-import  an fd of the memory behind an import (to save memory nobody else holds)
- *   resume         (control.c) first re-registers host memory, then opens the gates
+ *   resume         (commands.c) first re-registers host memory here, then opens the gates
  * Every object carries a `dropped` flag set only once its own step succeeded, so a failure half-way
  * is undone exactly, and every command skips what is already done (a retried resume re-sends all).
  *
  * Handles: re-created memory gets new driver handles, but the application keeps the old values.
- * The translation table (gs.xlat) maps each value the application holds to the object's current
- * handle; wrappers that take a handle translate it once on entry (gs_xlat). Since the driver may
- * reuse a released value, recreate never keeps a new handle equal to a value the application
- * holds for another object.
+ * The translation table (track.c, gs.xlat) maps each value the application holds to the object's
+ * current handle; wrappers that take a handle translate it once on entry (gs_xlat). Since the
+ * driver may reuse a released value, recreate never keeps a new handle equal to a value the
+ * application holds for another object.
  *
  * The control threads have no CUDA context: each driver call runs with a primary context pushed.
  */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <linux/kcmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
-#include "shim_internal.h"
+#include "devices.h"
+#include "lifecycle.h"
+#include "resolve.h"
+#include "track.h"
 
-#define LC_LOCK_MS 2000
 #define LC_COLLISION_TRIES 8
-
-static const char *cu_name(CUresult r)
-{
-    const char *name = NULL;
-    CU(CUresult(*)(CUresult, const char **), cuGetErrorName, r, &name);
-    return name ? name : "CUDA error";
-}
-
-/* ---- contexts ----------------------------------------------------------------------------------- */
-
-/* Pushes the primary context of dev if it is active, else of the first active device (a control
- * thread must not create a context on a GPU the program never used). Returns the device pushed,
- * or -1 when none could be (the call is then made without a context). */
-static int push_ctx(int dev)
-{
-    int n = 0;
-    CU(CUresult(*)(int *), cuDeviceGetCount, &n);
-    int pick = -1;
-    for (int k = -1; k < n && pick < 0; k++) {
-        int d = k < 0 ? dev : k;
-        unsigned flags;
-        int active = 0;
-        if (d < 0 || d >= n)
-            continue;
-        if (CU(CUresult(*)(CUdevice, unsigned *, int *), cuDevicePrimaryCtxGetState, d, &flags,
-               &active) == CUDA_SUCCESS && active)
-            pick = d;
-    }
-    if (pick < 0)
-        pick = dev >= 0 && dev < n ? dev : (n > 0 ? 0 : -1);
-    if (pick < 0)
-        return -1;
-    CUcontext ctx;
-    if (CU(CUresult(*)(CUcontext *, CUdevice), cuDevicePrimaryCtxRetain, &ctx, pick) != CUDA_SUCCESS)
-        return -1;
-    if (CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS) {
-        CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, pick);
-        return -1;
-    }
-    return pick;
-}
-
-static void pop_ctx(int pushed)
-{
-    if (pushed < 0)
-        return;
-    CUcontext old;
-    CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
-    CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, pushed);
-}
-
-/* ---- handle translation ------------------------------------------------------------------------ */
-
-CUmemGenericAllocationHandle gs_xlat(CUmemGenericAllocationHandle h)
-{
-    if (!__atomic_load_n(&gs.xlat.n, __ATOMIC_RELAXED))
-        return h;
-    gs_lock();
-    for (size_t i = 0; i < gs.xlat.n; i++)
-        if (gs.xlat.v[i].app == h) {
-            h = gs.xlat.v[i].cur;
-            break;
-        }
-    gs_unlock();
-    return h;
-}
-
-void gs_xlat_forget(CUmemGenericAllocationHandle app, int all)
-{
-    /* One entry per reference the program holds (a retained handle may have the same value as
-     * the allocation's own): a release drops one. */
-    for (size_t i = 0; i < gs.xlat.n;)
-        if (gs.xlat.v[i].app == app) {
-            GS_DEL(gs.xlat, i);
-            if (!all)
-                return;
-        } else {
-            i++;
-        }
-}
-
-/* The object whose current handle is old now has handle nw: whatever value the application holds
- * for it (old itself, or an earlier value already translated to old) now means nw. */
-static void xlat_move(CUmemGenericAllocationHandle old, CUmemGenericAllocationHandle nw)
-{
-    int found = 0;
-    for (size_t i = 0; i < gs.xlat.n; i++)
-        if (gs.xlat.v[i].cur == old) {
-            gs.xlat.v[i].cur = nw;
-            found = 1;
-        }
-    if (!found && old != nw) {
-        struct gs_xlat *x = GS_PUSH(gs.xlat);
-        x->app = old;
-        x->cur = nw;
-    }
-}
-
-/* A value the application holds for something other than the object whose current handle is own. */
-static int held_by_app_elsewhere(CUmemGenericAllocationHandle h, CUmemGenericAllocationHandle own)
-{
-    for (size_t i = 0; i < gs.xlat.n; i++)
-        if (gs.xlat.v[i].app == h && gs.xlat.v[i].cur != own)
-            return 1;
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].h == h && !gs.allocs.v[i].dropped && !gs.allocs.v[i].app_released)
-            return 1;
-    for (size_t i = 0; i < gs.imports.n; i++)
-        if (gs.imports.v[i].h == h && !gs.imports.v[i].dropped && !gs.imports.v[i].app_released)
-            return 1;
-    return 0;
-}
-
-/* ---- state ------------------------------------------------------------------------------------- */
-
-static int anything_dropped(void)
-{
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].dropped)
-            return 1;
-    for (size_t i = 0; i < gs.imports.n; i++)
-        if (gs.imports.v[i].dropped)
-            return 1;
-    for (size_t i = 0; i < gs.maps.n; i++)
-        if (gs.maps.v[i].dropped)
-            return 1;
-    for (size_t i = 0; i < gs.hosts.n; i++)
-        if (gs.hosts.v[i].dropped)
-            return 1;
-    return 0;
-}
-
-const char *gs_lifecycle_state_locked(void)
-{
-    if (anything_dropped())
-        return "released";
-    return gs_quiesced(0) ? "quiesced" : "running";
-}
 
 /* ---- mapping helpers --------------------------------------------------------------------------- */
 
@@ -189,7 +51,7 @@ static CUresult map_dropped(int kind, uint64_t id, CUmemGenericAllocationHandle 
         r = REAL(cuMemMap)(m->va, m->size, m->offset, h, 0);
         if (r != CUDA_SUCCESS) {
             snprintf(err, errlen, "cuMemMap at 0x%llx (+%zu, offset %zu): %s",
-                     (unsigned long long)m->va, m->size, m->offset, cu_name(r));
+                     (unsigned long long)m->va, m->size, m->offset, gs_cu_name(r));
             break;
         }
         if (m->n_access) {
@@ -197,7 +59,7 @@ static CUresult map_dropped(int kind, uint64_t id, CUmemGenericAllocationHandle 
             if (r != CUDA_SUCCESS) {
                 REAL(cuMemUnmap)(m->va, m->size);
                 snprintf(err, errlen, "cuMemSetAccess at 0x%llx: %s", (unsigned long long)m->va,
-                         cu_name(r));
+                         gs_cu_name(r));
                 break;
             }
         }
@@ -213,6 +75,7 @@ static CUresult map_dropped(int kind, uint64_t id, CUmemGenericAllocationHandle 
             m->dropped = 1;
         } else {
             m->dropped = 0;
+            m->remapped = 0;
         }
     }
     return r;
@@ -228,28 +91,6 @@ static int first_map_va(int kind, uint64_t id, CUdeviceptr *va)
     return 0;
 }
 
-/* The device an import's memory lives on: the first device its mappings give access to. */
-static int import_device(uint64_t id)
-{
-    for (size_t i = 0; i < gs.maps.n; i++) {
-        struct gs_map *m = &gs.maps.v[i];
-        if (m->kind != GS_OBJ_IMPORT || m->obj_id != id)
-            continue;
-        for (int k = 0; k < m->n_access; k++)
-            if (m->access[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-                return m->access[k].location.id;
-    }
-    return 0;
-}
-
-static struct gs_import *find_import_id(uint64_t id)
-{
-    for (size_t i = 0; i < gs.imports.n; i++)
-        if (gs.imports.v[i].id == id)
-            return &gs.imports.v[i];
-    return NULL;
-}
-
 /* Creates memory like prop, never keeping a handle the application holds for something else. */
 static CUresult create_fresh(size_t size, const CUmemAllocationProp *prop,
                              CUmemGenericAllocationHandle own, CUmemGenericAllocationHandle *out)
@@ -259,13 +100,13 @@ static CUresult create_fresh(size_t size, const CUmemAllocationProp *prop,
     CUresult r;
     for (;;) {
         r = REAL(cuMemCreate)(out, size, prop, 0);
-        if (r != CUDA_SUCCESS || !held_by_app_elsewhere(*out, own) || n_aside == LC_COLLISION_TRIES)
+        if (r != CUDA_SUCCESS || !gs_held_by_app_elsewhere(*out, own) || n_aside == LC_COLLISION_TRIES)
             break;
         aside[n_aside++] = *out;
     }
     for (int k = 0; k < n_aside; k++)
         REAL(cuMemRelease)(aside[k]);
-    if (r == CUDA_SUCCESS && held_by_app_elsewhere(*out, own)) {
+    if (r == CUDA_SUCCESS && gs_held_by_app_elsewhere(*out, own)) {
         REAL(cuMemRelease)(*out);
         r = CUDA_ERROR_ALREADY_MAPPED;
     }
@@ -321,7 +162,7 @@ static int release_aliases(int kind, const char *what, char *err, size_t errlen)
         CUresult r = REAL(cuMemRelease)(al->h);
         if (r != CUDA_SUCCESS) {
             snprintf(err, errlen, "release: cuMemRelease of a retained handle of %s %llu: %s", what,
-                     (unsigned long long)al->obj_id, cu_name(r));
+                     (unsigned long long)al->obj_id, gs_cu_name(r));
             return -1;
         }
         al->dropped = 1;
@@ -339,7 +180,7 @@ static int unmap_kind(int kind, const char *what, int *n_maps, char *err, size_t
         CUresult r = REAL(cuMemUnmap)(m->va, m->size);
         if (r != CUDA_SUCCESS) {
             snprintf(err, errlen, "release: cuMemUnmap of %s %llu at 0x%llx: %s", what,
-                     (unsigned long long)m->obj_id, (unsigned long long)m->va, cu_name(r));
+                     (unsigned long long)m->obj_id, (unsigned long long)m->va, gs_cu_name(r));
             return -1;
         }
         m->dropped = 1;
@@ -348,9 +189,7 @@ static int unmap_kind(int kind, const char *what, int *n_maps, char *err, size_t
     return 0;
 }
 
-/* imports_only: the group's first pass (every importer drops its imports before any owner drops
- * memory, so a failure never leaves an import mapping memory that a rollback re-creates). */
-static int release_locked(int imports_only, struct gs_buf *body, char *err, size_t errlen)
+static int release_all(int imports_only, struct gs_buf *body, char *err, size_t errlen)
 {
     int n_imports = 0, n_allocs = 0, n_maps = 0, n_hosts = 0;
     CUresult r;
@@ -366,7 +205,7 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
         if (im->kind == GS_IMPORT_FD && !im->app_released &&
             (r = REAL(cuMemRelease)(im->h)) != CUDA_SUCCESS) {
             snprintf(err, errlen, "release: cuMemRelease of import %llu: %s",
-                     (unsigned long long)im->id, cu_name(r));
+                     (unsigned long long)im->id, gs_cu_name(r));
             return -1;
         }
         im->dropped = 1;
@@ -392,7 +231,7 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
             continue;
         if (!a->app_released && (r = REAL(cuMemRelease)(a->h)) != CUDA_SUCCESS) {
             snprintf(err, errlen, "release: cuMemRelease of allocation %llu: %s",
-                     (unsigned long long)a->id, cu_name(r));
+                     (unsigned long long)a->id, gs_cu_name(r));
             return -1;
         }
         a->dropped = 1;
@@ -408,7 +247,7 @@ static int release_locked(int imports_only, struct gs_buf *body, char *err, size
             continue; /* a shim buffer the program unregistered itself: nothing to bring back */
         if (r != CUDA_SUCCESS) {
             snprintf(err, errlen, "release: cuMemHostUnregister of host buffer %p: %s", h->p,
-                     cu_name(r));
+                     gs_cu_name(r));
             return -1;
         }
         h->dropped = 1;
@@ -420,13 +259,20 @@ done:
     return 0;
 }
 
-/* ---- void-exports ------------------------------------------------------------------------------ */
-
-static int same_open_file(int a, int b)
+int gs_lc_release(int imports_only, struct gs_buf *body, char *err, size_t errlen)
 {
-    pid_t self = getpid();
-    return syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0;
+    if (gs.mcasts.n) {
+        snprintf(err, errlen, "release: %zu multicast object(s): suspend does not support "
+                 "multicast yet; nothing was released", gs.mcasts.n);
+        return GS_LC_REFUSED;
+    }
+    int pushed = gs_push_ctx(0);
+    int rc = release_all(imports_only, body, err, errlen);
+    gs_pop_ctx(pushed);
+    return rc;
 }
+
+/* ---- void-exports ------------------------------------------------------------------------------ */
 
 /* Exports whose memory is dropped (or freed): only those may be voided (a live allocation's export
  * may share its open file with the driver's own). */
@@ -438,7 +284,7 @@ static int export_voidable(const struct gs_export *e)
     return !a || a->dropped;
 }
 
-static int void_exports_locked(struct gs_buf *body, char *err, size_t errlen)
+int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen)
 {
     int n_voided = 0, n_closed = 0;
     int null_fd = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -461,7 +307,7 @@ static int void_exports_locked(struct gs_buf *body, char *err, size_t errlen)
             continue;
         for (size_t i = 0; i < gs.exports.n; i++) {
             struct gs_export *e = &gs.exports.v[i];
-            if ((int)fd == e->fd || !export_voidable(e) || !same_open_file((int)fd, e->fd))
+            if ((int)fd == e->fd || !export_voidable(e) || !gs_same_open_file((int)fd, e->fd))
                 continue;
             int fl = fcntl((int)fd, F_GETFD);
             if (dup3(null_fd, (int)fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) {
@@ -491,6 +337,52 @@ static int void_exports_locked(struct gs_buf *body, char *err, size_t errlen)
     return 0;
 }
 
+/* ---- devices map ------------------------------------------------------------------------------- */
+
+/* Memory recorded on device old comes back on map's new one, and so does everything recorded with
+ * that ordinal: the allocation's device and properties, the mappings' access locations. Each
+ * released object moves once (flag `remapped`, cleared when it is mapped again), so a retried
+ * command, or adopt after recreate in one resume, does not move it twice. */
+static void remap_access(struct gs_map *m, const struct gs_devmap *map)
+{
+    for (int k = 0; k < m->n_access; k++)
+        if (m->access[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+            m->access[k].location.id = gs_devmap_apply(map, m->access[k].location.id);
+    /* Two old devices mapped onto one: one entry, with the wider access. */
+    for (int j = 0; j < m->n_access; j++)
+        for (int k = j + 1; k < m->n_access;)
+            if (m->access[k].location.type == m->access[j].location.type &&
+                m->access[k].location.id == m->access[j].location.id) {
+                if (m->access[k].flags > m->access[j].flags)
+                    m->access[j].flags = m->access[k].flags;
+                m->access[k] = m->access[--m->n_access];
+            } else {
+                k++;
+            }
+}
+
+static void remap_released(const struct gs_devmap *map)
+{
+    if (!map)
+        return;
+    for (size_t i = 0; i < gs.allocs.n; i++) {
+        struct gs_alloc *a = &gs.allocs.v[i];
+        if (!a->dropped || a->remapped)
+            continue;
+        a->dev = gs_devmap_apply(map, a->dev);
+        if (a->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+            a->prop.location.id = gs_devmap_apply(map, a->prop.location.id);
+        a->remapped = 1;
+    }
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->dropped && !m->remapped) {
+            remap_access(m, map);
+            m->remapped = 1;
+        }
+    }
+}
+
 /* ---- recreate ---------------------------------------------------------------------------------- */
 
 static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
@@ -500,20 +392,20 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
         default_prop(&prop, a->dev);
         prop.requestedHandleTypes |= (CUmemAllocationHandleType)a->handle_types;
     }
-    int pushed = push_ctx(a->dev);
+    int pushed = gs_push_ctx(a->dev);
     CUmemGenericAllocationHandle nh;
     CUresult r = create_fresh(a->size, &prop, a->h, &nh);
     if (r != CUDA_SUCCESS) {
-        pop_ctx(pushed);
+        gs_pop_ctx(pushed);
         snprintf(err, errlen, "recreate: cuMemCreate of allocation %llu (%zu bytes on device %d): %s",
-                 (unsigned long long)a->id, a->size, a->dev, cu_name(r));
+                 (unsigned long long)a->id, a->size, a->dev, gs_cu_name(r));
         return -1;
     }
     char why[200];
     r = map_dropped(GS_OBJ_ALLOC, a->id, nh, why, sizeof(why));
     if (r != CUDA_SUCCESS) {
         REAL(cuMemRelease)(nh);
-        pop_ctx(pushed);
+        gs_pop_ctx(pushed);
         snprintf(err, errlen, "recreate: allocation %llu: %s", (unsigned long long)a->id, why);
         return -1;
     }
@@ -526,7 +418,7 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
             continue;
         if (first_map_va(GS_OBJ_ALLOC, a->id, &va) &&
             REAL(cuMemRetainAllocationHandle)(&rh, (void *)(uintptr_t)va) == CUDA_SUCCESS) {
-            xlat_move(al->h, rh);
+            gs_xlat_move(al->h, rh);
             al->h = rh;
             al->dropped = 0;
         }
@@ -534,17 +426,19 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     if (a->app_released) {
         REAL(cuMemRelease)(nh); /* the mappings hold the memory, as before */
     } else if (a->origin == GS_ORIGIN_CUMEM) {
-        xlat_move(a->h, nh);
+        gs_xlat_move(a->h, nh);
     }
     a->h = nh;
     a->dropped = 0;
-    pop_ctx(pushed);
+    a->remapped = 0;
+    gs_pop_ctx(pushed);
     return 0;
 }
 
-static int recreate_locked(struct gs_buf *body, char *err, size_t errlen)
+int gs_lc_recreate(const struct gs_devmap *map, struct gs_buf *body, char *err, size_t errlen)
 {
     int n = 0;
+    remap_released(map);
     for (size_t i = 0; i < gs.allocs.n; i++) {
         struct gs_alloc *a = &gs.allocs.v[i];
         if (!a->dropped)
@@ -567,76 +461,78 @@ static void import_now(struct gs_import *im, CUmemGenericAllocationHandle nh)
         REAL(cuMemRelease)(nh); /* the mappings hold the memory */
     } else {
         if (im->kind == GS_IMPORT_FD)
-            xlat_move(im->h, nh);
+            gs_xlat_move(im->h, nh);
         im->h = nh;
     }
     im->dropped = 0;
 }
 
-static int adopt_locked(uint64_t id, int dev, struct gs_buf *body, char *err, size_t errlen)
+int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf *body,
+                char *err, size_t errlen)
 {
-    struct gs_import *im = find_import_id(id);
+    struct gs_import *im = gs_find_import_id(id);
     if (!im) {
         snprintf(err, errlen, "adopt: no import %llu", (unsigned long long)id);
-        return -2;
+        return GS_LC_GONE;
     }
+    remap_released(map);
     if (!im->dropped) {
         gs_buf_printf(body, "\"adopted\":false");
         return 0;
     }
     if (dev < 0)
-        dev = import_device(id);
+        dev = gs_import_device(id);
     CUmemAllocationProp prop;
     default_prop(&prop, dev);
-    int pushed = push_ctx(dev);
+    int pushed = gs_push_ctx(dev);
     CUmemGenericAllocationHandle nh;
     CUresult r = create_fresh(im->size, &prop, im->h, &nh);
     if (r != CUDA_SUCCESS) {
-        pop_ctx(pushed);
+        gs_pop_ctx(pushed);
         snprintf(err, errlen, "adopt: cuMemCreate for import %llu (%zu bytes on device %d): %s",
-                 (unsigned long long)id, im->size, dev, cu_name(r));
+                 (unsigned long long)id, im->size, dev, gs_cu_name(r));
         return -1;
     }
     char why[200];
     r = map_dropped(GS_OBJ_IMPORT, id, nh, why, sizeof(why));
     if (r != CUDA_SUCCESS) {
         REAL(cuMemRelease)(nh);
-        pop_ctx(pushed);
+        gs_pop_ctx(pushed);
         snprintf(err, errlen, "adopt: import %llu: %s", (unsigned long long)id, why);
         return -1;
     }
     import_now(im, nh);
-    pop_ctx(pushed);
+    gs_pop_ctx(pushed);
     gs_buf_printf(body, "\"adopted\":true");
     return 0;
 }
 
-static int attach_locked(uint64_t id, int fd, struct gs_buf *body, char *err, size_t errlen)
+int gs_lc_attach(uint64_t id, int fd, struct gs_buf *body, char *err, size_t errlen)
 {
-    struct gs_import *im = find_import_id(id);
+    struct gs_import *im = gs_find_import_id(id);
     if (!im) {
         snprintf(err, errlen, "attach: no import %llu", (unsigned long long)id);
-        return -2;
+        return GS_LC_GONE;
     }
     if (!im->dropped) {
         gs_buf_printf(body, "\"attached\":false");
         return 0;
     }
-    int pushed = push_ctx(import_device(id));
+    int pushed = gs_push_ctx(gs_import_device(id));
     CUmemGenericAllocationHandle nh;
     CUresult r = REAL(cuMemImportFromShareableHandle)(&nh, (void *)(intptr_t)fd,
                                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
     if (r != CUDA_SUCCESS) {
-        pop_ctx(pushed);
+        gs_pop_ctx(pushed);
         snprintf(err, errlen, "attach: cuMemImportFromShareableHandle for import %llu: %s",
-                 (unsigned long long)id, cu_name(r));
+                 (unsigned long long)id, gs_cu_name(r));
         return -1;
     }
     char why[200];
     r = map_dropped(GS_OBJ_IMPORT, id, nh, why, sizeof(why));
     if (r != CUDA_SUCCESS) {
         REAL(cuMemRelease)(nh);
-        pop_ctx(pushed);
+        gs_pop_ctx(pushed);
         snprintf(err, errlen, "attach: import %llu: %s", (unsigned long long)id, why);
         return -1;
     }
@@ -647,7 +543,7 @@ static int attach_locked(uint64_t id, int fd, struct gs_buf *body, char *err, si
         if (al->kind == GS_OBJ_IMPORT && al->obj_id == id && al->dropped &&
             first_map_va(GS_OBJ_IMPORT, id, &va) &&
             REAL(cuMemRetainAllocationHandle)(&rh, (void *)(uintptr_t)va) == CUDA_SUCCESS) {
-            xlat_move(al->h, rh);
+            gs_xlat_move(al->h, rh);
             al->h = rh;
             al->dropped = 0;
         }
@@ -655,17 +551,17 @@ static int attach_locked(uint64_t id, int fd, struct gs_buf *body, char *err, si
     import_now(im, nh);
     if (im->import_fd < 0)
         im->import_fd = fcntl(fd, F_DUPFD_CLOEXEC, 3);
-    pop_ctx(pushed);
+    gs_pop_ctx(pushed);
     gs_buf_printf(body, "\"attached\":true");
     return 0;
 }
 
-static int export_import_locked(uint64_t id, int *fd_out, char *err, size_t errlen)
+int gs_lc_export_import(uint64_t id, int *fd_out, char *err, size_t errlen)
 {
-    struct gs_import *im = find_import_id(id);
+    struct gs_import *im = gs_find_import_id(id);
     if (!im) {
         snprintf(err, errlen, "export-import: no import %llu", (unsigned long long)id);
-        return -2;
+        return GS_LC_GONE;
     }
     if (im->dropped) {
         snprintf(err, errlen, "export-import: import %llu is released (adopt or attach it first)",
@@ -694,14 +590,14 @@ static int export_import_locked(uint64_t id, int *fd_out, char *err, size_t errl
     } else if (im->app_released || im->kind != GS_IMPORT_FD) {
         r = CUDA_ERROR_NOT_MAPPED;
     }
-    int pushed = push_ctx(import_device(id));
+    int pushed = gs_push_ctx(gs_import_device(id));
     if (r == CUDA_SUCCESS)
         r = REAL(cuMemExportToShareableHandle)(fd_out, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     if (retained)
         REAL(cuMemRelease)(h);
-    pop_ctx(pushed);
+    gs_pop_ctx(pushed);
     if (r != CUDA_SUCCESS) {
-        snprintf(err, errlen, "export-import: import %llu: %s", (unsigned long long)id, cu_name(r));
+        snprintf(err, errlen, "export-import: import %llu: %s", (unsigned long long)id, gs_cu_name(r));
         return -1;
     }
     return 0;
@@ -711,9 +607,9 @@ static int export_import_locked(uint64_t id, int *fd_out, char *err, size_t errl
 
 int gs_lifecycle_before_resume(char *err, size_t errlen)
 {
-    if (gs_lock_timed(LC_LOCK_MS)) {
+    if (gs_lock_timed(GS_LOCK_TIMEOUT_MS)) {
         snprintf(err, errlen, "state lock held for 2 s");
-        return -2;
+        return GS_LC_BUSY;
     }
     int n_dropped = 0;
     for (size_t i = 0; i < gs.allocs.n; i++)
@@ -724,7 +620,7 @@ int gs_lifecycle_before_resume(char *err, size_t errlen)
         gs_unlock();
         snprintf(err, errlen, "%d allocation(s) or import(s) are still released: recreate, adopt "
                  "or attach them before resume (the gates stay closed)", n_dropped);
-        return -3;
+        return GS_LC_REFUSED;
     }
     int rc = 0, pushed = -2;
     for (size_t i = 0; i < gs.hosts.n && !rc; i++) {
@@ -732,11 +628,11 @@ int gs_lifecycle_before_resume(char *err, size_t errlen)
         if (!h->dropped)
             continue;
         if (pushed == -2)
-            pushed = push_ctx(0);
+            pushed = gs_push_ctx(0);
         CUresult r = REAL(cuMemHostRegister_v2)(h->p, h->size, h->flags);
         if (r != CUDA_SUCCESS && r != CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
             snprintf(err, errlen, "resume: cuMemHostRegister of host buffer %p (%zu bytes): %s",
-                     h->p, h->size, cu_name(r));
+                     h->p, h->size, gs_cu_name(r));
             rc = -1;
             break;
         }
@@ -755,82 +651,7 @@ int gs_lifecycle_before_resume(char *err, size_t errlen)
         h->dropped = 0;
     }
     if (pushed != -2)
-        pop_ctx(pushed);
+        gs_pop_ctx(pushed);
     gs_unlock();
     return rc;
-}
-
-/* ---- dispatch ------------------------------------------------------------------------------------ */
-
-static const char *const commands[] = {"release", "void-exports", "recreate", "adopt", "attach",
-                                       "export-import"};
-
-int gs_lifecycle_command_known(const char *cmd)
-{
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (!strcmp(cmd, commands[i]))
-            return 1;
-    return 0;
-}
-
-int gs_lifecycle_takes_fd(const char *cmd) { return !strcmp(cmd, "attach"); }
-
-const char *gs_lifecycle_command(const char *cmd, const struct gs_json *req, const int *fds,
-                                 int nfds, struct gs_buf *body, int *fd_out, char *err,
-                                 size_t errlen)
-{
-    *fd_out = -1;
-    const struct gs_json_field *idf = gs_json_get(req, "id", 'i');
-    int needs_id = !strcmp(cmd, "adopt") || !strcmp(cmd, "attach") || !strcmp(cmd, "export-import");
-    if (needs_id && (!idf || idf->num <= 0)) {
-        snprintf(err, errlen, "%s needs \"id\": a positive integer", cmd);
-        return "bad-request";
-    }
-    if (gs_lifecycle_takes_fd(cmd) ? nfds != 1 : nfds != 0) {
-        snprintf(err, errlen, "%s takes %s", cmd, gs_lifecycle_takes_fd(cmd) ? "exactly one fd" : "no fd");
-        return "bad-request";
-    }
-    if (!gs_quiesced(1)) {
-        snprintf(err, errlen, "%s needs the process quiesced (send quiesce first)", cmd);
-        return "not-quiesced";
-    }
-    if (gs_lock_timed(LC_LOCK_MS)) {
-        snprintf(err, errlen, "state lock held for 2 s (an application thread is stopped inside "
-                 "the shim?)");
-        return "busy";
-    }
-    int rc;
-    uint64_t id = idf ? (uint64_t)idf->num : 0;
-    if (!strcmp(cmd, "release")) {
-        if (gs.mcasts.n) {
-            gs_unlock();
-            snprintf(err, errlen, "release: %zu multicast object(s): suspend does not support "
-                     "multicast yet; nothing was released", gs.mcasts.n);
-            return "refused";
-        }
-        const struct gs_json_field *only = gs_json_get(req, "only", 's');
-        if (only && strcmp(only->str, "imports")) {
-            gs_unlock();
-            snprintf(err, errlen, "release: \"only\" can only be \"imports\"");
-            return "bad-request";
-        }
-        int pushed = push_ctx(0);
-        rc = release_locked(only != NULL, body, err, errlen);
-        pop_ctx(pushed);
-    } else if (!strcmp(cmd, "void-exports")) {
-        rc = void_exports_locked(body, err, errlen);
-    } else if (!strcmp(cmd, "recreate")) {
-        rc = recreate_locked(body, err, errlen);
-    } else if (!strcmp(cmd, "adopt")) {
-        const struct gs_json_field *dev = gs_json_get(req, "device", 'i');
-        rc = adopt_locked(id, dev ? (int)dev->num : -1, body, err, errlen);
-    } else if (!strcmp(cmd, "attach")) {
-        rc = attach_locked(id, fds[0], body, err, errlen);
-    } else {
-        rc = export_import_locked(id, fd_out, err, errlen);
-    }
-    gs_unlock();
-    if (rc == -2)
-        return "gone";
-    return rc ? "failed" : NULL;
 }

@@ -16,7 +16,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "shim_internal.h"
+#include "resolve.h"
 
 /* cuda.h maps cuGetProcAddress to _v2; the v1 entry point is a separate symbol. */
 #undef cuGetProcAddress
@@ -150,6 +150,27 @@ CUresult CUDAAPI cuGetProcAddress(const char *symbol, void **pfn, int cudaVersio
     return r;
 }
 
+const char *gs_cu_name(CUresult r)
+{
+    const char *name = NULL;
+    CU(CUresult(*)(CUresult, const char **), cuGetErrorName, r, &name);
+    return name ? name : "CUDA error";
+}
+
+static void (*server_starter)(void);
+
+void gs_set_server_starter(void (*start)(void))
+{
+    __atomic_store_n(&server_starter, start, __ATOMIC_RELEASE);
+}
+
+void gs_want_server(void)
+{
+    void (*start)(void) = __atomic_load_n(&server_starter, __ATOMIC_ACQUIRE);
+    if (start)
+        start();
+}
+
 /* The control server starts with the driver: a process that never initializes CUDA gets no
  * socket and no threads. */
 CUresult CUDAAPI cuInit(unsigned int flags)
@@ -159,6 +180,6 @@ CUresult CUDAAPI cuInit(unsigned int flags)
         return CUDA_ERROR_NOT_FOUND;
     CUresult r = real(flags);
     if (r == CUDA_SUCCESS && !gs_depth)
-        gs_control_ensure();
+        gs_want_server();
     return r;
 }

@@ -1,16 +1,15 @@
-/* track.c: the shim's record of what the driver would lose, and the `status` view of it.
- *
- * One lock guards it all. Arrays are unordered (deletion moves the last element into the hole),
- * so nothing keeps an index across an unlock; objects are named by id.
+/* track.c: the shim's record of what the driver would lose (track.h), and the lookups, lifetimes
+ * and handle translation over it. One lock guards it all.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/kcmp.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#include "shim_internal.h"
+#include "track.h"
 
 struct gs_state gs = {.next_id = 1};
 static pthread_mutex_t state_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -92,10 +91,10 @@ struct gs_import *gs_find_import_h(CUmemGenericAllocationHandle h)
     return NULL;
 }
 
-struct gs_import *gs_find_import_va(CUdeviceptr va)
+struct gs_import *gs_find_import_id(uint64_t id)
 {
     for (size_t i = 0; i < gs.imports.n; i++)
-        if (gs.imports.v[i].kind == GS_IMPORT_IPC && gs.imports.v[i].va == va)
+        if (gs.imports.v[i].id == id)
             return &gs.imports.v[i];
     return NULL;
 }
@@ -121,6 +120,14 @@ struct gs_map *gs_find_map_at(CUdeviceptr va)
     for (size_t i = 0; i < gs.maps.n; i++)
         if (va >= gs.maps.v[i].va && va - gs.maps.v[i].va < gs.maps.v[i].size)
             return &gs.maps.v[i];
+    return NULL;
+}
+
+struct gs_lazy_ipc *gs_find_lazy_ipc(CUdeviceptr va)
+{
+    for (size_t i = 0; i < gs.lazy_ipc.n; i++)
+        if (va >= gs.lazy_ipc.v[i].base && va - gs.lazy_ipc.v[i].base < gs.lazy_ipc.v[i].size)
+            return &gs.lazy_ipc.v[i];
     return NULL;
 }
 
@@ -206,6 +213,42 @@ void gs_collect(void)
     }
 }
 
+int gs_anything_dropped(void)
+{
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (gs.allocs.v[i].dropped)
+            return 1;
+    for (size_t i = 0; i < gs.imports.n; i++)
+        if (gs.imports.v[i].dropped)
+            return 1;
+    for (size_t i = 0; i < gs.maps.n; i++)
+        if (gs.maps.v[i].dropped)
+            return 1;
+    for (size_t i = 0; i < gs.hosts.n; i++)
+        if (gs.hosts.v[i].dropped)
+            return 1;
+    return 0;
+}
+
+int gs_import_device(uint64_t id)
+{
+    for (size_t i = 0; i < gs.maps.n; i++) {
+        struct gs_map *m = &gs.maps.v[i];
+        if (m->kind != GS_OBJ_IMPORT || m->obj_id != id)
+            continue;
+        for (int k = 0; k < m->n_access; k++)
+            if (m->access[k].location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+                return m->access[k].location.id;
+    }
+    return 0;
+}
+
+int gs_same_open_file(int a, int b)
+{
+    pid_t self = getpid();
+    return syscall(SYS_kcmp, self, self, KCMP_FILE, a, b) == 0;
+}
+
 void gs_state_reset_after_fork(void)
 {
     /* Only the forking thread exists now; whoever held the lock in the parent is gone. */
@@ -228,9 +271,72 @@ void gs_state_reset_after_fork(void)
     free(gs.mcasts.v);
     free(gs.mcbinds.v);
     free(gs.aliases.v);
+    free(gs.xlat.v);
+    free(gs.lazy_ipc.v);
     uint64_t next = gs.next_id;
     memset(&gs, 0, sizeof(gs));
     gs.next_id = next;
+}
+
+/* ---- handle translation ------------------------------------------------------------------------ */
+
+CUmemGenericAllocationHandle gs_xlat(CUmemGenericAllocationHandle h)
+{
+    if (!__atomic_load_n(&gs.xlat.n, __ATOMIC_RELAXED))
+        return h;
+    gs_lock();
+    for (size_t i = 0; i < gs.xlat.n; i++)
+        if (gs.xlat.v[i].app == h) {
+            h = gs.xlat.v[i].cur;
+            break;
+        }
+    gs_unlock();
+    return h;
+}
+
+void gs_xlat_forget(CUmemGenericAllocationHandle app, int all)
+{
+    /* One entry per reference the program holds (a retained handle may have the same value as
+     * the allocation's own): a release drops one. */
+    for (size_t i = 0; i < gs.xlat.n;)
+        if (gs.xlat.v[i].app == app) {
+            GS_DEL(gs.xlat, i);
+            if (!all)
+                return;
+        } else {
+            i++;
+        }
+}
+
+/* Whatever value the application holds for the object (old itself, or an earlier value already
+ * translated to old) now means nw. */
+void gs_xlat_move(CUmemGenericAllocationHandle old, CUmemGenericAllocationHandle nw)
+{
+    int found = 0;
+    for (size_t i = 0; i < gs.xlat.n; i++)
+        if (gs.xlat.v[i].cur == old) {
+            gs.xlat.v[i].cur = nw;
+            found = 1;
+        }
+    if (!found && old != nw) {
+        struct gs_xlat *x = GS_PUSH(gs.xlat);
+        x->app = old;
+        x->cur = nw;
+    }
+}
+
+int gs_held_by_app_elsewhere(CUmemGenericAllocationHandle h, CUmemGenericAllocationHandle own)
+{
+    for (size_t i = 0; i < gs.xlat.n; i++)
+        if (gs.xlat.v[i].app == h && gs.xlat.v[i].cur != own)
+            return 1;
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (gs.allocs.v[i].h == h && !gs.allocs.v[i].dropped && !gs.allocs.v[i].app_released)
+            return 1;
+    for (size_t i = 0; i < gs.imports.n; i++)
+        if (gs.imports.v[i].h == h && !gs.imports.v[i].dropped && !gs.imports.v[i].app_released)
+            return 1;
+    return 0;
 }
 
 /* ---- calls the shim cannot restore ------------------------------------------------------------- */
@@ -238,7 +344,7 @@ void gs_state_reset_after_fork(void)
 /* Only what this process itself could not get back counts: sharing it exports but cannot identify
  * (driver IPC handles, exports of imported handles) is refused in the importer, which sees it as
  * an import without a known exporter; here it is a note. */
-static int untracked_list(char msgs[4][GS_UNTRACKED_LEN])
+int gs_untracked_list(char msgs[GS_UNTRACKED_MAX][GS_UNTRACKED_LEN])
 {
     int n = 0, foreign = 0, unresolved = 0;
     for (size_t i = 0; i < gs.imports.n; i++) {
@@ -260,160 +366,11 @@ static int untracked_list(char msgs[4][GS_UNTRACKED_LEN])
 
 int gs_untracked(char *out, size_t outlen)
 {
-    char msgs[4][GS_UNTRACKED_LEN];
-    int n = untracked_list(msgs);
+    char msgs[GS_UNTRACKED_MAX][GS_UNTRACKED_LEN];
+    int n = gs_untracked_list(msgs);
     size_t off = 0;
     out[0] = 0;
     for (int i = 0; i < n && off < outlen; i++)
         off += (size_t)snprintf(out + off, outlen - off, "%s%s", i ? "; " : "", msgs[i]);
     return n;
-}
-
-/* ---- status ----------------------------------------------------------------------------------- */
-
-static const char *kind_name(int kind)
-{
-    switch (kind) {
-    case GS_OBJ_ALLOC: return "allocation";
-    case GS_OBJ_IMPORT: return "import";
-    case GS_OBJ_MCAST: return "multicast";
-    default: return "unknown";
-    }
-}
-
-static void access_json(struct gs_buf *b, const struct gs_map *m)
-{
-    gs_buf_printf(b, "[");
-    for (int i = 0; i < m->n_access; i++) {
-        const CUmemAccessDesc *d = &m->access[i];
-        const char *prot = d->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? "rw"
-                           : d->flags == CU_MEM_ACCESS_FLAGS_PROT_READ  ? "r"
-                                                                        : "none";
-        gs_buf_printf(b, "%s{\"location_type\":%d,\"location\":%d,\"prot\":\"%s\"}", i ? "," : "",
-                      (int)d->location.type, d->location.id, prot);
-    }
-    gs_buf_printf(b, "]");
-}
-
-void gs_status_json(struct gs_buf *b)
-{
-    gs_buf_printf(b, "\"allocations\":[");
-    for (size_t i = 0; i < gs.allocs.n; i++) {
-        const struct gs_alloc *a = &gs.allocs.v[i];
-        int n_exp = 0;
-        for (size_t j = 0; j < gs.exports.n; j++)
-            n_exp += gs.exports.v[j].kind == GS_OBJ_ALLOC && gs.exports.v[j].obj_id == a->id;
-        gs_buf_printf(b,
-                      "%s{\"id\":%llu,\"origin\":\"%s\",\"device\":%d,\"size\":%zu,"
-                      "\"va\":%llu,\"handle_types\":%llu,\"exports\":%d,\"ipc_handles\":%d,"
-                      "\"app_released\":%s,\"dropped\":%s}",
-                      i ? "," : "", (unsigned long long)a->id,
-                      a->origin == GS_ORIGIN_MALLOC ? "cuMemAlloc" : "cuMemCreate", a->dev, a->size,
-                      (unsigned long long)a->va, a->handle_types, n_exp, a->ipc_handles,
-                      a->app_released ? "true" : "false", a->dropped ? "true" : "false");
-    }
-    gs_buf_printf(b, "],\"mappings\":[");
-    for (size_t i = 0; i < gs.maps.n; i++) {
-        const struct gs_map *m = &gs.maps.v[i];
-        gs_buf_printf(b,
-                      "%s{\"va\":%llu,\"size\":%zu,\"offset\":%zu,\"object\":\"%s\",\"id\":%llu,"
-                      "\"access\":",
-                      i ? "," : "", (unsigned long long)m->va, m->size, m->offset, kind_name(m->kind),
-                      (unsigned long long)m->obj_id);
-        access_json(b, m);
-        gs_buf_printf(b, ",\"access_overflow\":%s,\"dropped\":%s}",
-                      m->access_overflow ? "true" : "false", m->dropped ? "true" : "false");
-    }
-    gs_buf_printf(b, "],\"exports\":[");
-    for (size_t i = 0; i < gs.exports.n; i++) {
-        const struct gs_export *e = &gs.exports.v[i];
-        gs_buf_printf(b, "%s{\"object\":\"%s\",\"id\":%llu,\"voided\":%s}", i ? "," : "",
-                      kind_name(e->kind), (unsigned long long)e->obj_id,
-                      e->voided ? "true" : "false");
-    }
-    gs_buf_printf(b, "],\"imports\":[");
-    for (size_t i = 0; i < gs.imports.n; i++) {
-        const struct gs_import *im = &gs.imports.v[i];
-        gs_buf_printf(b, "%s{\"id\":%llu,\"kind\":\"%s\",\"size\":%zu,\"va\":%llu,\"exporter\":",
-                      i ? "," : "", (unsigned long long)im->id,
-                      im->kind == GS_IMPORT_IPC ? "cuda-ipc" : "posix-fd", im->size,
-                      (unsigned long long)im->va);
-        if (im->exporter_pid)
-            gs_buf_printf(b, "{\"pid\":%d,\"id\":%llu}", (int)im->exporter_pid,
-                          (unsigned long long)im->exporter_id);
-        else
-            gs_buf_printf(b, "null");
-        gs_buf_printf(b, ",\"app_released\":%s,\"dropped\":%s}", im->app_released ? "true" : "false",
-                      im->dropped ? "true" : "false");
-    }
-    gs_buf_printf(b, "],\"host_buffers\":[");
-    for (size_t i = 0; i < gs.hosts.n; i++) {
-        const struct gs_host *h = &gs.hosts.v[i];
-        gs_buf_printf(b,
-                      "%s{\"ptr\":%llu,\"size\":%zu,\"register_flags\":%u,\"owned\":%s,"
-                      "\"device_ptr\":%llu,\"dropped\":%s}",
-                      i ? "," : "", (unsigned long long)(uintptr_t)h->p, h->size, h->flags,
-                      h->owned ? "true" : "false", (unsigned long long)h->dptr,
-                      h->dropped ? "true" : "false");
-    }
-    gs_buf_printf(b, "],\"peer_access\":[");
-    int first = 1;
-    for (int o = 0; o < GS_MAX_DEV; o++)
-        for (int a = 0; a < GS_MAX_DEV; a++)
-            if (gs.peer[o][a]) {
-                gs_buf_printf(b, "%s{\"owner\":%d,\"accessor\":%d}", first ? "" : ",", o, a);
-                first = 0;
-            }
-    gs_buf_printf(b, "],\"multicast\":[");
-    for (size_t i = 0; i < gs.mcasts.n; i++) {
-        const struct gs_mcast *mc = &gs.mcasts.v[i];
-        gs_buf_printf(b, "%s{\"id\":%llu,\"size\":%zu,\"num_devices\":%u,\"creator\":",
-                      i ? "," : "", (unsigned long long)mc->id, mc->prop.size, mc->prop.numDevices);
-        if (mc->creator_pid)
-            gs_buf_printf(b, "{\"pid\":%d,\"id\":%llu}", (int)mc->creator_pid,
-                          (unsigned long long)mc->creator_id);
-        else
-            gs_buf_printf(b, "null");
-        gs_buf_printf(b, ",\"devices\":[");
-        for (int d = 0; d < mc->n_devs; d++)
-            gs_buf_printf(b, "%s%d", d ? "," : "", mc->devs[d]);
-        gs_buf_printf(b, "],\"app_released\":%s}", mc->app_released ? "true" : "false");
-    }
-    gs_buf_printf(b, "],\"multicast_binds\":[");
-    for (size_t i = 0; i < gs.mcbinds.n; i++) {
-        const struct gs_mcbind *mb = &gs.mcbinds.v[i];
-        gs_buf_printf(b,
-                      "%s{\"multicast\":%llu,\"device\":%d,\"mc_offset\":%zu,\"size\":%zu,"
-                      "\"allocation\":%llu,\"mem_offset\":%zu,\"mem_ptr\":%llu}",
-                      i ? "," : "", (unsigned long long)mb->mc_id, mb->dev, mb->mc_offset, mb->size,
-                      (unsigned long long)mb->mem_alloc_id, mb->mem_offset,
-                      (unsigned long long)mb->mem_ptr);
-    }
-    /* What a checkpoint would have to refuse, in words the user can act on. */
-    char msgs[4][GS_UNTRACKED_LEN];
-    int n = untracked_list(msgs);
-    gs_buf_printf(b, "],\"untracked\":[");
-    for (int i = 0; i < n; i++) {
-        gs_buf_printf(b, "%s", i ? "," : "");
-        gs_buf_str(b, msgs[i]);
-    }
-    gs_buf_printf(b, "],\"notes\":[");
-    int k = 0;
-    if (gs.n_foreign_ipc_exports) {
-        char msg[160];
-        snprintf(msg, sizeof(msg), "%d CUDA IPC handle(s) of memory not allocated through the "
-                 "shim were given out: their importers cannot be checkpointed",
-                 gs.n_foreign_ipc_exports);
-        gs_buf_str(b, msg);
-        k++;
-    }
-    if (gs.n_untracked_exports) {
-        char msg[400];
-        snprintf(msg, sizeof(msg), "%d export(s) of handles that are not this process's "
-                 "allocations (last: %s): their importers cannot be checkpointed",
-                 gs.n_untracked_exports, gs.last_untracked);
-        gs_buf_printf(b, "%s", k ? "," : "");
-        gs_buf_str(b, msg);
-    }
-    gs_buf_printf(b, "]");
 }

@@ -1,5 +1,8 @@
 /* Legacy CUDA IPC: the handle names the exporter's pid and an fd it keeps open on the allocation's
- * memfd; the opener takes that fd with pidfd_getfd (or /proc/<pid>/fd/<n>) and maps it at a new VA. */
+ * memfd; the opener takes that fd with pidfd_getfd (or /proc/<pid>/fd/<n>) and maps it at a new VA.
+ * The handle also carries the memfd's inode: after a checkpoint and restore the memory has a new
+ * memfd, so a handle given out before no longer opens (CUDA_ERROR_INVALID_HANDLE, as the real
+ * driver's "invalid resource handle"), even if its fd number was reused meanwhile. */
 #include "fake.h"
 
 #include <errno.h>
@@ -17,6 +20,7 @@ struct fk_ipc_payload {
     unsigned long long size;
     unsigned long long id; /* the exporter's allocation handle: tells two opens of one handle apart */
     int dev;
+    unsigned long long ino; /* of the memfd when the handle was made */
 };
 _Static_assert(sizeof(struct fk_ipc_payload) <= sizeof(CUipcMemHandle), "IPC payload must fit the handle");
 
@@ -36,7 +40,13 @@ FK_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
         fk_unlock();
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    struct fk_ipc_payload pl = {FK_IPC_MAGIC, (int)getpid(), p->ipc_fd, p->size, p->handle, p->dev};
+    struct stat st;
+    if (fstat(p->memfd, &st) != 0) {
+        fk_unlock();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    struct fk_ipc_payload pl = {FK_IPC_MAGIC, (int)getpid(), p->ipc_fd, p->size, p->handle, p->dev,
+                                (unsigned long long)st.st_ino};
     memset(h, 0, sizeof *h);
     memcpy(h->reserved, &pl, sizeof pl);
     fk_unlock();
@@ -82,9 +92,10 @@ FK_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle h, un
     fk_unlock();
     int fd = fk_fetch_fd(pl.pid, pl.fd);
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0 || (unsigned long long)st.st_size != pl.size) {
+    if (fd < 0 || fstat(fd, &st) != 0 || (unsigned long long)st.st_size != pl.size ||
+        (unsigned long long)st.st_ino != pl.ino) {
         if (fd >= 0) close(fd);
-        return CUDA_ERROR_INVALID_VALUE; /* exporter gone or handle stale */
+        return CUDA_ERROR_INVALID_HANDLE; /* exporter gone, or memory checkpointed since */
     }
     int high = fcntl(fd, F_DUPFD_CLOEXEC, 512);
     if (high >= 0) {

@@ -88,3 +88,12 @@ class Workload:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def fd_pass(exporter, importer, name, tmp_path):
+    """Exports exporter's NAME and hands the fd to importer over SCM_RIGHTS; returns its fd there."""
+    path = os.path.join(str(tmp_path), f"fd-{name}.sock")
+    importer.do(f"listen {path}")
+    fd = exporter.do(f"export {name}")["fd"]
+    exporter.do(f"sendfd {fd} {path}")
+    return importer.do("recvfd")["fd"]

@@ -71,7 +71,7 @@ def as_other_user(uid, fn):
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as a second user")
 def test_peer_of_another_user_is_refused(workload):
     w = workload()
-    reply = as_other_user(65534, lambda: raw(w.pid, b'{"v":1,"cmd":"status"}'))
+    reply = as_other_user(65534, lambda: raw(w.pid, b'{"v":2,"cmd":"status"}'))
     assert reply["ok"] is False and reply["error"] == "denied", reply
     assert "uid 65534" in reply["reason"]
     assert w.status()["ok"]  # root (the test) is still served
@@ -80,18 +80,18 @@ def test_peer_of_another_user_is_refused(workload):
 def test_malformed_truncated_and_oversized_requests_fail_with_a_reason(workload):
     w = workload()
     w.do("malloc buf 2097152")
-    valid = b'{"v":1,"cmd":"status"}'
+    valid = b'{"v":2,"cmd":"status"}'
     cases = [
-        b"", b"{", b"[]", b"null", b'"status"', valid[:-1], valid + b"x", b'{"v":1}',
-        b'{"v":2,"cmd":"status"}', b'{"v":"1","cmd":"status"}', b'{"v":1,"cmd":"status","v":1}',
-        b'{"v":1,"cmd":{"x":1}}', b'{"v":1,"cmd":"nope"}', b'{"v":1,"cmd":"export"}',
-        b'{"v":1,"cmd":"export","id":-3}', b'{"v":1,"cmd":"export","id":99999}',
-        b'{"v":1,"cmd":"whose"}', b'{"v":1,"cmd":"quiesce","timeout_ms":0}',
-        b'{"v":1,"cmd":"quiesce","timeout_ms":1.5}', b'{"v":1,"cmd":"st\\u0000atus"}',
-        b'{"v":1,"cmd":"' + b"s" * 300 + b'"}', b'{"v":1,"cmd":"status","x":"\x01"}',
-        b'{"v":1,"cmd":"status",' + b",".join(b'"k%d":1' % i for i in range(40)) + b"}",
+        b"", b"{", b"[]", b"null", b'"status"', valid[:-1], valid + b"x", b'{"v":2}',
+        b'{"v":1,"cmd":"status"}', b'{"v":"2","cmd":"status"}', b'{"v":2,"cmd":"status","v":2}',
+        b'{"v":2,"cmd":{"x":1}}', b'{"v":2,"cmd":"nope"}', b'{"v":2,"cmd":"export"}',
+        b'{"v":2,"cmd":"export","id":-3}', b'{"v":2,"cmd":"export","id":99999}',
+        b'{"v":2,"cmd":"whose"}', b'{"v":2,"cmd":"quiesce","timeout_ms":0}',
+        b'{"v":2,"cmd":"quiesce","timeout_ms":1.5}', b'{"v":2,"cmd":"st\\u0000atus"}',
+        b'{"v":2,"cmd":"' + b"s" * 300 + b'"}', b'{"v":2,"cmd":"status","x":"\x01"}',
+        b'{"v":2,"cmd":"status",' + b",".join(b'"k%d":1' % i for i in range(40)) + b"}",
         b'{"v":99999999999999999999999,"cmd":"status"}', b"\x00" * 100, b"\xff\xfe{}",
-        b'{"v":1,"cmd":"status"}' + b" " * (70 << 10),  # larger than a request may be
+        b'{"v":2,"cmd":"status"}' + b" " * (70 << 10),  # larger than a request may be
     ]
     for payload in cases:
         reply = raw(w.pid, payload) if payload else None
@@ -102,10 +102,47 @@ def test_malformed_truncated_and_oversized_requests_fail_with_a_reason(workload)
     assert len(w.status()["allocations"]) == 1
 
 
+def test_a_request_of_another_protocol_version_gets_the_version_this_shim_speaks(workload):
+    w = workload()
+    assert raw(w.pid, b'{"v":1,"cmd":"status"}') == {
+        "v": 2, "ok": False, "error": "version", "protocol": 2,
+        "reason": "protocol version 1 is not supported (this shim speaks 2)"}
+    reply = raw(w.pid, b'{"cmd":"status"}')
+    assert (reply["error"], reply["protocol"]) == ("version", 2)
+    assert raw(w.pid, b'{"v":2,"cmd":"status"}')["protocol"] == 2
+
+
+def test_the_client_names_both_versions_when_a_shim_speaks_another(tmp_path):
+    """An old shim (protocol 1) answers a version-2 request with its own terms."""
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    old.bind(f"\0criu-gpushare.{os.getpid()}")
+    old.listen(1)
+
+    def serve():
+        conn, _ = old.accept()
+        conn.recv(65536)
+        conn.send(b'{"v":1,"ok":false,"error":"version",'
+                  b'"reason":"protocol version 2 is not supported (this shim speaks 1)"}')
+        conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        with pytest.raises(ShimError) as e:
+            control.status(os.getpid(), timeout=5)
+        assert str(e.value) == "shim: " + (
+            f"process {os.getpid()} runs a criu-gpushare shim of control protocol 1; this "
+            "criu-gpushare speaks 2: restart the workload with this version's shim "
+            "(`criu-gpushare run`)")
+    finally:
+        t.join(5)
+        old.close()
+
+
 def test_random_bytes_never_crash_the_workload(workload):
     w = workload()
     rng = random.Random(4)
-    base = b'{"v":1,"cmd":"status","id":12,"timeout_ms":5}'
+    base = b'{"v":2,"cmd":"status","id":12,"timeout_ms":5}'
     for _ in range(300):
         if rng.random() < 0.5:
             payload = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200)))
@@ -126,9 +163,9 @@ def test_unexpected_fds_are_refused_and_closed(workload):
     r, wfd = os.pipe()
     try:
         for _ in range(5):
-            reply = raw(w.pid, b'{"v":1,"cmd":"status"}', fds=[r, wfd])
+            reply = raw(w.pid, b'{"v":2,"cmd":"status"}', fds=[r, wfd])
             assert reply["error"] == "bad-request" and "fd" in reply["reason"]
-        reply = raw(w.pid, b'{"v":1,"cmd":"whose"}', fds=[r, r, r, r, r, r])
+        reply = raw(w.pid, b'{"v":2,"cmd":"whose"}', fds=[r, r, r, r, r, r])
         assert reply["ok"] is False
     finally:
         os.close(r)
@@ -299,7 +336,7 @@ def test_too_many_requests_at_once_get_busy_and_the_workload_goes_on(workload):
             s.connect(f"\0criu-gpushare.{w.pid}")
             hangers.append(s)
         time.sleep(0.2)
-        reply = raw(w.pid, b'{"v":1,"cmd":"status"}')
+        reply = raw(w.pid, b'{"v":2,"cmd":"status"}')
         assert reply["error"] == "busy" and "too many" in reply["reason"]
         w.do("malloc buf 2097152")
     finally:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from shimtest import fake_only
+from shimtest import fake_only, fd_pass
 from criu_gpushare import control
 from criu_gpushare.errors import ShimError
 
@@ -87,15 +87,6 @@ def test_retained_handle_resolves_to_its_allocation(workload):
     assert st["exports"][0]["object"] == "allocation"
     assert st["exports"][0]["id"] == st["allocations"][0]["id"]
     assert st["untracked"] == []
-
-
-def fd_pass(exporter, importer, name, tmp_path):
-    """Exports exporter's NAME and hands the fd to importer over SCM_RIGHTS; returns its fd there."""
-    path = str(tmp_path / f"fd-{name}.sock")
-    importer.do(f"listen {path}")
-    fd = exporter.do(f"export {name}")["fd"]
-    exporter.do(f"sendfd {fd} {path}")
-    return importer.do("recvfd")["fd"]
 
 
 def test_fd_import_is_linked_to_its_exporter(workload, tmp_path):

@@ -13,7 +13,7 @@ Reads one command a line on stdin and answers one JSON line on stdout: {"ok": tr
   export NAME                    cuMemExportToShareableHandle (POSIX fd)    -> fd
   listen PATH / sendfd FD PATH / recvfd   pass an fd between workloads (SCM_RIGHTS, datagram)
   import NAME FD BYTES           cuMemImportFromShareableHandle, reserve, map, access -> ptr
-  ipcget NAME / ipcopen NAME HEX [BYTES] / ipcclose NAME   legacy CUDA IPC
+  ipcget NAME [OFFSET] / ipcopen NAME HEX [BYTES] / ipcclose NAME   legacy CUDA IPC
   hostalloc NAME BYTES FLAGS / allochost NAME BYTES / freehost NAME
   hostreg NAME BYTES / hostunreg NAME            mmap'd memory registered by the app
   peer DEV                       cuCtxEnablePeerAccess to device DEV's primary context
@@ -168,8 +168,8 @@ class Workload:
         return {"ptr": ptr}
 
     # cuda-bindings 13 exposes no field of CUipcMemHandle: its 64 bytes are reached by address.
-    def cmd_ipcget(self, name):
-        h = ok(cu.cuIpcGetMemHandle(self.bufs[name]["ptr"]))
+    def cmd_ipcget(self, name, offset="0"):
+        h = ok(cu.cuIpcGetMemHandle(self.bufs[name]["ptr"] + int(offset)))
         return {"handle": ctypes.string_at(h.getPtr(), 64).hex()}
 
     def cmd_ipcopen(self, name, hexdata, size="0"):

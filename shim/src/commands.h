@@ -1,0 +1,27 @@
+/* commands.h: the control protocol's requests and replies (protocol.md): parsing, the version
+ * check, the command table and its handlers. Layer 6 (below only the server, which carries the
+ * bytes). */
+#ifndef GS_COMMANDS_H
+#define GS_COMMANDS_H
+
+#include <stddef.h>
+
+#include "json.h"
+
+struct gs_reply {
+    const char *error; /* NULL: success */
+    char reason[400];  /* with error */
+    struct gs_buf body; /* with success: the reply's fields after "ok" */
+    int fd;            /* sent with the reply (closed by gs_reply_free), or -1 */
+};
+void gs_reply_init(struct gs_reply *r);
+void gs_reply_fail(struct gs_reply *r, const char *code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The reply's text, {"v":N,"ok":...}; out->oom when it could not be built. */
+void gs_reply_text(const struct gs_reply *r, struct gs_buf *out);
+void gs_reply_free(struct gs_reply *r);
+
+/* Parses one request (any bytes) and runs it; fds came with it (the caller closes them). */
+void gs_command_run(const char *req, size_t len, const int *fds, int nfds, struct gs_reply *r);
+
+#endif

@@ -1,0 +1,178 @@
+/* mcast.c: NVLink multicast objects (NCCL NVLS, PyTorch symmetric memory): objects created or
+ * imported, devices added, memory bound and unbound. Never exercised on a GPU machine by this
+ * project's tests (fake driver only). Suspend refuses processes that have any (lifecycle.c).
+ */
+#include <string.h>
+
+#include "resolve.h"
+#include "track.h"
+
+CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
+                                   const CUmulticastObjectProp *prop)
+{
+    __typeof__(&cuMulticastCreate) real = REAL(cuMulticastCreate);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, prop);
+    gs_depth++;
+    CUresult r = real(mcHandle, prop);
+    if (r != CUDA_SUCCESS || !prop || !mcHandle) {
+        gs_depth--;
+        return r;
+    }
+    gs_want_server();
+    gs_lock();
+    struct gs_mcast *mc = GS_PUSH(gs.mcasts);
+    memset(mc, 0, sizeof(*mc));
+    mc->id = gs_new_id();
+    mc->h = *mcHandle;
+    mc->prop = *prop;
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev)
+{
+    __typeof__(&cuMulticastAddDevice) real = REAL(cuMulticastAddDevice);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, dev);
+    gs_depth++;
+    CUresult r = real(mcHandle, dev);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
+    if (mc && mc->n_devs < GS_MAX_DEV)
+        mc->devs[mc->n_devs++] = (int)dev;
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
+
+static void record_bind(CUmemGenericAllocationHandle mc_h, int dev, size_t mc_off, size_t size,
+                        CUmemGenericAllocationHandle mem_h, CUdeviceptr mem_ptr, size_t mem_off,
+                        unsigned long long flags)
+{
+    gs_lock();
+    struct gs_mcast *mc = gs_find_mcast_h(mc_h);
+    if (mc) {
+        struct gs_mcbind *b = GS_PUSH(gs.mcbinds);
+        memset(b, 0, sizeof(*b));
+        b->mc_id = mc->id;
+        b->dev = dev;
+        b->mc_offset = mc_off;
+        b->size = size;
+        b->mem_h = mem_h;
+        b->mem_ptr = mem_ptr;
+        b->mem_offset = mem_off;
+        b->flags = flags;
+        if (mem_ptr) {
+            struct gs_map *m = gs_find_map_at(mem_ptr);
+            if (m && m->kind == GS_OBJ_ALLOC)
+                b->mem_alloc_id = m->obj_id;
+        } else {
+            uint64_t id;
+            if (gs_classify_handle(mem_h, &id) == GS_OBJ_ALLOC)
+                b->mem_alloc_id = id;
+        }
+    }
+    gs_unlock();
+}
+
+static int mem_device(CUmemGenericAllocationHandle h, CUdeviceptr p)
+{
+    int dev = -1;
+    gs_lock();
+    uint64_t id;
+    if (h && gs_classify_handle(h, &id) == GS_OBJ_ALLOC) {
+        struct gs_alloc *a = gs_find_alloc_id(id);
+        if (a)
+            dev = a->dev;
+    } else if (p) {
+        struct gs_map *m = gs_find_map_at(p);
+        if (m && m->kind == GS_OBJ_ALLOC) {
+            struct gs_alloc *a = gs_find_alloc_id(m->obj_id);
+            if (a)
+                dev = a->dev;
+        }
+    }
+    gs_unlock();
+    return dev;
+}
+
+/* Binding blocks until every device of the group has joined, in every process: it runs without
+ * the state lock, which the control thread needs to serve the peers meanwhile. */
+CUresult CUDAAPI cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                                    CUmemGenericAllocationHandle memHandle, size_t memOffset,
+                                    size_t size, unsigned long long flags)
+{
+    __typeof__(&cuMulticastBindMem) real = REAL(cuMulticastBindMem);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+    gs_depth++;
+    CUresult r = real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    record_bind(mcHandle, mem_device(memHandle, 0), mcOffset, size, memHandle, 0, memOffset, flags);
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
+                                     CUdeviceptr memptr, size_t size, unsigned long long flags)
+{
+    __typeof__(&cuMulticastBindAddr) real = REAL(cuMulticastBindAddr);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, mcOffset, memptr, size, flags);
+    gs_depth++;
+    CUresult r = real(mcHandle, mcOffset, memptr, size, flags);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    record_bind(mcHandle, mem_device(0, memptr), mcOffset, size, 0, memptr, 0, flags);
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
+                                   size_t mcOffset, size_t size)
+{
+    __typeof__(&cuMulticastUnbind) real = REAL(cuMulticastUnbind);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(mcHandle, dev, mcOffset, size);
+    gs_depth++;
+    CUresult r = real(mcHandle, dev, mcOffset, size);
+    if (r != CUDA_SUCCESS) {
+        gs_depth--;
+        return r;
+    }
+    gs_lock();
+    struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
+    for (size_t i = 0; mc && i < gs.mcbinds.n;) {
+        struct gs_mcbind *b = &gs.mcbinds.v[i];
+        if (b->mc_id == mc->id && b->dev == (int)dev && b->mc_offset >= mcOffset &&
+            b->mc_offset - mcOffset < size)
+            GS_DEL(gs.mcbinds, i);
+        else
+            i++;
+    }
+    gs_collect();
+    gs_unlock();
+    gs_depth--;
+    return r;
+}
