@@ -21,10 +21,10 @@ import sys
 import tempfile
 import time
 
-from criu_gpushare import checkpoint_api as ck
-from criu_gpushare import driver as drv
-from criu_gpushare.copy_engine import CopyEngine
-from criu_gpushare.gpu_memory import ImportedAllocation, use_device
+from criu_gpushare.gpu import checkpoint_api as ck
+from criu_gpushare.gpu import driver as drv
+from criu_gpushare.gpu.copy_engine import CopyEngine
+from criu_gpushare.gpu.memory import ImportedAllocation, use_device
 from criu_gpushare.store.store import Store
 
 WORKLOAD = r"""

@@ -148,7 +148,7 @@ def main():
         return child(args)
     shim = args.shim
     if not shim:
-        from criu_gpushare.shimlib import shim_path
+        from criu_gpushare.shimctl.shimlib import shim_path
         shim = shim_path()
     kinds = args.only or ["launch", "launch-c", "copy", "small"]
     units = {"launch": "launches/s", "launch-c": "launches/s", "copy": "GB/s", "small": "copies/s"}

@@ -14,8 +14,8 @@
 #      -> OUT/versions.txt
 #   5. `criu-gpushare doctor` and `criu-gpushare doctor --json`          -> OUT/doctor.txt, OUT/doctor.json
 #   6. `python3 -m pytest tests/gpu` under `timeout 480`   -> OUT/gpu-tests.log, OUT/junit.xml,
-#      OUT/probe-figures.txt (the PROBE lines the tests recorded); then tests/shim, tests/lifecycle
-#      and tests/integration against the real driver -> OUT/real-driver-tests.log, -results.txt;
+#      OUT/probe-figures.txt (the PROBE lines the tests recorded); then tests/shim, tests/engine
+#      and tests/hook against the real driver -> OUT/real-driver-tests.log, -results.txt;
 #      with GPU_BENCH=1, bench/copy_bench.py and bench/shim_bench.py -> OUT/bench.txt
 #   7. kills every process a probe started that is still alive (they carry GPUSHARE_PROBE_TAG=<this
 #      run> in their environment; a process stuck CHECKPOINTED only dies of SIGKILL), then lists
@@ -198,7 +198,7 @@ step "pytest tests/gpu" "$rc"
 # the fake can run, e.g. two devices or multicast, skip with their reason), plus CRIU integration.
 banner "shim, suspend/resume and CRIU tests on the real driver"
 : >"$OUT/real-driver-tests.log"
-for suite in tests/shim tests/lifecycle tests/integration; do  # one pytest each: own conftest
+for suite in tests/shim tests/engine tests/hook; do  # one pytest each: own conftest
     CRIU_GPUSHARE_TEST_DRIVER=real timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest "$suite" \
         -v -rs -p no:cacheprovider 2>&1 | tee -a "$OUT/real-driver-tests.log"
     rc=${PIPESTATUS[0]}

@@ -20,7 +20,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
 fi
 
-# CRIU >= 4 and pycriu for the CRIU tests (tests/criu, tests/integration): built from source, since
+# CRIU >= 4 and pycriu for the CRIU tests (tests/criu, tests/hook): built from source, since
 # distributions' packages are too old (Debian 12) or lack pieces; cached in .criu/, so only the first
 # run pays. Elsewhere, or if the build fails, those tests skip and say why.
 if $debian_like && [ "$(id -u)" = 0 ]; then

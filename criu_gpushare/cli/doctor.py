@@ -12,9 +12,9 @@ import subprocess
 
 import click
 
-from .. import driver as drv
+from ..gpu import driver as drv
 from ..errors import CheckFailed, Error
-from ..shimlib import shim_path, shim_version
+from ..shimctl.shimlib import shim_path, shim_version
 
 MIN_DRIVER = (580, 0)
 MIN_CRIU = (4, 0)

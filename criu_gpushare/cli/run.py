@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from ..shimlib import shim_path as _shim_path
+from ..shimctl.shimlib import shim_path as _shim_path
 
 
 def preload_env(environ, shim):

@@ -8,7 +8,8 @@ import json
 
 import click
 
-from .. import control, holder
+from ..engine import holder
+from ..shimctl import client as control
 from ..errors import Error
 
 

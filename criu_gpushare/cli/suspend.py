@@ -5,11 +5,11 @@ import time
 
 import click
 
-from .. import holder
+from ..engine import holder
 from ..config import load_settings
 from ..errors import ProcessError
-from ..lifecycle import Group, Options, format_summary
-from ..processes import process_tree
+from ..engine.steps import Group, Options, format_summary
+from ..shimctl.processes import process_tree
 
 
 class GroupWork(holder.Work):

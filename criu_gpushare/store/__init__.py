@@ -16,7 +16,8 @@ from .layout import CHUNK_SIZE_MAX, STORE_VERSION, chunk_id
 from .leases import WriteSession
 from .manifest import MANIFEST_VERSION, Allocation, ChunkRef, Manifest, ProcessEntry
 from .prefetch import prefetch
-from .store import PutResult, PutStatus, Source, Store
+from .results import PutResult, PutStatus, Source
+from .store import Store
 from .verify import check_present, verify_store
 
 __all__ = [

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..errors import StoreError
 from . import fsutil
 from .layout import LEASE_SUFFIX, LEASES_DIR, is_temp_name
-from .store import PutStatus
+from .results import PutStatus
 
 RENEW_S = 30.0
 #: A lease temp file older than this (or the grace period, if longer) was left by a dead writer.

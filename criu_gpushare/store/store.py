@@ -12,7 +12,6 @@ the same store):
 and a restore: `store.get(chunk_id, pinned_view, verify=...)` for each chunk of its manifest.
 """
 import contextlib
-import enum
 import json
 import os
 import threading
@@ -21,26 +20,10 @@ from dataclasses import dataclass
 from ..errors import StoreError
 from . import catalog, fsutil
 from .chunkdir import ChunkDir, ChunkMissing
+from .leases import WriteSession
+from .results import PutResult, PutStatus, Source
 from .layout import (CHUNK_SIZE_MAX, HASH_NAME, STORE_FILE, STORE_FORMAT, STORE_VERSION, chunk_id,
                      is_chunk_id, zero_chunk_id)
-
-
-class PutStatus(enum.Enum):
-    NEW = "new"          # written now
-    PRESENT = "present"  # already in the store (deduplicated); its time was refreshed
-    ZERO = "zero"        # all zero bytes: not stored
-
-
-@dataclass(frozen=True)
-class PutResult:
-    chunk_id: object  # str, or None for a zero chunk
-    length: int
-    status: PutStatus
-
-
-class Source(enum.Enum):
-    CACHE = "cache"
-    STORE = "store"
 
 
 class Store:
@@ -239,7 +222,6 @@ class Store:
 
     def begin_write(self, purpose=""):
         """A WriteSession: holds a lease so that gc keeps every chunk it puts until it commits."""
-        from .leases import WriteSession
         return WriteSession(self, purpose)
 
 

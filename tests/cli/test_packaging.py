@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from criu_gpushare.shimlib import shim_path, shim_version
+from criu_gpushare.shimctl.shimlib import shim_path, shim_version
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -2,7 +2,7 @@
 import subprocess
 import sys
 
-from criu_gpushare.shimlib import shim_path
+from criu_gpushare.shimctl.shimlib import shim_path
 
 CLI = [sys.executable, "-m", "criu_gpushare.cli"]
 

@@ -29,7 +29,7 @@ def gpu_memory_used_mib():
 @pytest.fixture
 def pair(tmp_path):
     pytest.importorskip("torch", reason="torch is not installed")
-    from criu_gpushare.shimlib import shim_path
+    from criu_gpushare.shimctl.shimlib import shim_path
     env = gpu_env()
     env.update(LD_PRELOAD=shim_path(), CRIU_GPUSHARE_STORE=str(tmp_path / "store"),
                CRIU_GPUSHARE_RUN_DIR=str(tmp_path / "run"))

@@ -22,7 +22,7 @@ from fakecuda.build import build_fake_driver  # noqa: E402
 from shimtest import Workload, fd_pass  # noqa: E402
 from stranger import stranger_cmd  # noqa: E402
 
-from criu_gpushare import control  # noqa: E402
+from criu_gpushare.shimctl import client as control  # noqa: E402
 
 
 def start_stranger(*args):
@@ -50,7 +50,7 @@ def import_time(exporter, importer, tmp, tag):
 
 
 def main():
-    from criu_gpushare.shimlib import shim_path
+    from criu_gpushare.shimctl.shimlib import shim_path
     shim = sys.argv[1] if len(sys.argv) > 1 else shim_path()
     tmp = tempfile.mkdtemp()
     os.chmod(tmp, 0o755)

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 
 # CRIU_GPUSHARE_TEST_DRIVER=real runs these tests against the machine's driver (a GPU host);
 # anything else uses the fake driver. Tests of what only the fake can do are skipped there.

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 from criu_gpushare.errors import ProcessError, ShimError
 from shimtest import WORKLOAD
 

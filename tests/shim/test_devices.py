@@ -13,7 +13,7 @@ import pytest
 
 from fakecuda.usage import read_usage
 from shimtest import fake_only, fd_pass
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 from criu_gpushare.errors import ShimError
 
 MiB = 1 << 20

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 from criu_gpushare.errors import BusyError
 
 

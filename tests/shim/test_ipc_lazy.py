@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from shimtest import ROOT
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 from criu_gpushare.errors import ShimError
 
 CUDA_WORKER = os.path.join(ROOT, "tests", "fake", "cuda_worker.py")

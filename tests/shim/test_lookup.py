@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from shimtest import REAL_DRIVER, cuda_include
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

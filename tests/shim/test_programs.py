@@ -9,7 +9,7 @@ import textwrap
 import pytest
 
 from shimtest import REAL_DRIVER, Workload
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 
 SCRIPT = [
     "malloc a 4194304", "fill a 3", "add a 4", "sync", "read a 4",

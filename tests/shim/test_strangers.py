@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 from shimtest import fd_pass
 from stranger import stranger_cmd
 

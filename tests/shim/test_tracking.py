@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from shimtest import fake_only, fd_pass
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 from criu_gpushare.errors import ShimError
 
 MiB = 1 << 20

@@ -14,9 +14,9 @@ import os
 import time
 
 from . import driver as drv
-from .gpu_memory import PinnedBuffer, use_device
-from .store.manifest import Allocation
-from .store.store import PutStatus
+from .memory import PinnedBuffer, use_device
+from ..store.manifest import Allocation
+from ..store.results import PutStatus
 
 CHUNK_SIZE = 64 << 20
 

@@ -25,7 +25,7 @@ import socket
 import struct
 import threading
 
-from .errors import BusyError, ProcessError, ShimError
+from ..errors import BusyError, ProcessError, ShimError
 
 PROTOCOL = 2  # CRIU_GPUSHARE_PROTOCOL in shim/include/criu_gpushare_shim.h
 SOCKET_PREFIX = "criu-gpushare."

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from criu_gpushare import checkpoint_api as ck
+from criu_gpushare.gpu import checkpoint_api as ck
 from criu_gpushare.errors import BusyError, DriverError
 
 A, B, C = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000", \
@@ -55,7 +55,7 @@ def test_driver_lock_excludes_a_second_process(tmp_path):
     path = str(tmp_path / "driver.lock")
     holder = subprocess.Popen([sys.executable, "-c", f"""
 import time
-from criu_gpushare.checkpoint_api import DriverLock
+from criu_gpushare.gpu.checkpoint_api import DriverLock
 with DriverLock({path!r}):
     print('held', flush=True); time.sleep(30)
 """], stdout=subprocess.PIPE, text=True)

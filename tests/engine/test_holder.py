@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from criu_gpushare import holder
+from criu_gpushare.engine import holder
 from criu_gpushare.errors import Error, ProcessError
 
 

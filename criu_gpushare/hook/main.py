@@ -13,8 +13,8 @@ work and replace this refusal.
 import os
 import sys
 
-from .errors import Error
-from .processes import process_tree, uses_cuda
+from ..errors import Error
+from ..shimctl.processes import process_tree, uses_cuda
 
 EXIT_REFUSED = 1
 

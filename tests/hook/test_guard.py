@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-HOOK = [sys.executable, "-m", "criu_gpushare.hook"]
+HOOK = [sys.executable, "-m", "criu_gpushare.hook.main"]
 
 
 def run_hook(action, **env):

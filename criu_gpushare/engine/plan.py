@@ -15,9 +15,9 @@ Refused before anything changes (ProcessError, with what to do):
 """
 import dataclasses
 
-from . import control
-from .errors import Error, ProcessError, ShimError
-from .processes import cuda_and_shim
+from ..shimctl import client as control
+from ..errors import Error, ProcessError, ShimError
+from ..shimctl.processes import cuda_and_shim
 
 
 @dataclasses.dataclass

@@ -5,7 +5,7 @@ raises from deep inside cuda-pathfinder; here it becomes NoGpuError with what to
 """
 import functools
 
-from .errors import DriverError, NoGpuError
+from ..errors import DriverError, NoGpuError
 
 CHECKPOINT_SYMBOLS = (
     "cuCheckpointProcessLock",

@@ -16,7 +16,7 @@ import ctypes
 import errno
 import os
 
-from .errors import ProcessError
+from ..errors import ProcessError
 
 SHIM_THREAD_NAME = "criu-gpushare"
 

@@ -17,7 +17,7 @@ import threading
 import time
 
 from . import driver as drv
-from .errors import BusyError, DriverError
+from ..errors import BusyError, DriverError
 
 DEFAULT_LOCK_PATH = "/run/lock/criu-gpushare-driver.lock"
 

@@ -17,13 +17,13 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "shim"))
 
 from shimtest import NO_MULTICAST_ENV, REAL_DRIVER, Workload  # noqa: E402  (tests/shim/shimtest.py)
 
-from criu_gpushare.shimlib import shim_path  # noqa: E402
+from criu_gpushare.shimctl.shimlib import shim_path  # noqa: E402
 
 LC_WORKLOAD = os.path.join(HERE, "lcworkload.py")
 
 
 class LcWorkload(Workload):
-    """tests/lifecycle/lcworkload.py (the shim tests' workload plus host readers and signals)."""
+    """tests/engine/lcworkload.py (the shim tests' workload plus host readers and signals)."""
 
     def __init__(self, env):
         import queue

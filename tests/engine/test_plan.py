@@ -1,7 +1,7 @@
 """Planning a group: each piece of GPU memory saved once, by the right owner; refusals up front."""
 import pytest
 
-from criu_gpushare import group as grp
+from criu_gpushare.engine import plan as grp
 from criu_gpushare.errors import ProcessError
 
 MIB = 1 << 20

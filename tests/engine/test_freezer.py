@@ -9,7 +9,7 @@ import time
 import pytest
 
 from criu_gpushare.errors import ProcessError
-from criu_gpushare.freezer import Freezer, thread_ids, thread_name
+from criu_gpushare.engine.freezer import Freezer, thread_ids, thread_name
 
 # Three counting threads: main, a worker, and one named like the shim's threads. SIGUSR1 is counted.
 # Counters live in a shared file so the test reads them without the process's help.

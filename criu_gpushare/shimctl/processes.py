@@ -3,7 +3,7 @@ import os
 
 import psutil
 
-from .errors import ProcessError
+from ..errors import ProcessError
 from .shimlib import SHIM_FILENAME
 
 GPU_DEVICE_PREFIX = "/dev/nvidia"

@@ -23,7 +23,7 @@ import struct
 import sys
 import traceback
 
-from .errors import EXIT_BUG, Error, ProcessError
+from ..errors import EXIT_BUG, Error, ProcessError
 
 
 def state_dir():

@@ -30,15 +30,15 @@ import dataclasses
 import os
 import time
 
-from . import checkpoint_api as ck
-from . import control
-from . import group as grp
-from .copy_engine import CopyEngine, CopyStats
-from .errors import BusyError, Error, ShimError
+from ..gpu import checkpoint_api as ck
+from ..shimctl import client as control
+from . import plan as grp
+from ..gpu.copy_engine import CopyEngine, CopyStats
+from ..errors import BusyError, Error, ShimError
 from .freezer import Freezer
-from .gpu_memory import ImportedAllocation
-from .store.manifest import Manifest, ProcessEntry
-from .store.store import Store
+from ..gpu.memory import ImportedAllocation
+from ..store.manifest import Manifest, ProcessEntry
+from ..store.store import Store
 
 QUIESCE_RETRY_S = 0.25
 # Fault injection for tests (as CRIU's --fault): CRIU_GPUSHARE_FAULT=<suspend step> makes that step
@@ -200,7 +200,7 @@ class Group:
             session.commit(self.options.ref, self.manifest)
 
     def _gpu_uuids(self):
-        from .driver import gpus
+        from ..gpu.driver import gpus
         self.gpus = [uuid for _, _, uuid in gpus()]
         return self.gpus
 
@@ -274,7 +274,7 @@ class Group:
         pairs = []
         checkpointed_gpus = (self.manifest.meta.get("gpus") if self.manifest else None) or self.gpus
         if checkpointed_gpus:
-            from .driver import gpus
+            from ..gpu.driver import gpus
             pairs = ck.gpu_map(checkpointed_gpus, [u for _, _, u in gpus()], gpu_map)
         todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
         with driver_lock():

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from criu_gpushare import control
+from criu_gpushare.shimctl import client as control
 from criu_gpushare.errors import ShimError
 
 from lctest import SIZE, device_usage, share, values, write

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from .errors import ShimError
+from ..errors import ShimError
 
 SHIM_FILENAME = "libcriu_gpushare.so"
 
@@ -19,7 +19,8 @@ print(lib.criu_gpushare_shim_version().decode(), lib.criu_gpushare_shim_protocol
 
 def shim_path():
     """Absolute path of the shim built into this package."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), SHIM_FILENAME)
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # setup.py puts it there
+    path = os.path.join(package_dir, SHIM_FILENAME)
     if not os.path.isfile(path):
         raise ShimError(f"{path} is missing: the package was installed without its native build "
                         "(reinstall with `pip install .` on a machine with gcc)")

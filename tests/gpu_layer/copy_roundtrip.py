@@ -11,9 +11,9 @@ import ctypes
 import json
 import sys
 
-from criu_gpushare import driver as drv
-from criu_gpushare.copy_engine import CopyEngine
-from criu_gpushare.gpu_memory import ImportedAllocation, use_device
+from criu_gpushare.gpu import driver as drv
+from criu_gpushare.gpu.copy_engine import CopyEngine
+from criu_gpushare.gpu.memory import ImportedAllocation, use_device
 from criu_gpushare.store.store import Store
 
 
