@@ -5,6 +5,11 @@ The docstring of each class is its message template. Exit codes:
   1 an unexpected error (a bug: please report it with the traceback)
   2 usage error (bad command line)
   3..63 the specific errors below; a script may rely on them (documented in the README)
+
+A step list that fails and is rolled back exits with the code of the error that made it fail (the
+workload runs as before); one whose rollback failed too exits GroupHeld's code (the group is held,
+`criu-gpushare resume` finishes the rollback); a restore that could not finish exits
+RestoreIncomplete's code (the processes stay held at their gates and the restore can be retried).
 """
 
 EXIT_OK = 0
@@ -13,9 +18,9 @@ EXIT_USAGE = 2
 
 
 class Error(Exception):
-    """Error: {}"""
+    """{}"""
 
-    exit_code = 3
+    exit_code = 13
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -61,6 +66,11 @@ class ShimError(Error):
     exit_code = 8
 
 
+class ShimNotServing(ShimError):
+    """shim: {}"""
+    # No control socket: the shim is not loaded, or the process has not called cuInit yet.
+
+
 class ConfigError(Error):
     """configuration: {}"""
 
@@ -96,3 +106,17 @@ class ImageError(Error):
     """CRIU image {}: {}"""
 
     exit_code = 12
+
+
+class GroupHeld(Error):
+    """{}"""
+    # Failed, and undoing it failed too: the group is held (journal in the state directory).
+
+    exit_code = 14
+
+
+class RestoreIncomplete(Error):
+    """{}"""
+    # A restore (after CRIU, or from a journal) stopped part-way; it can be retried.
+
+    exit_code = 15

@@ -8,7 +8,7 @@ import json
 
 import click
 
-from ..engine import holder
+from ..engine import journal as jn
 from ..shimctl import client as control
 from ..errors import Error
 
@@ -32,26 +32,30 @@ def _dropped(obj):
     return "  [released for suspend]" if obj.get("dropped") else ""
 
 
-def _state(pid, st):
-    """running, quiesced (gates closed), released (GPU memory dropped), or suspended (held by a
-    criu-gpushare holder: GPU memory in the store, the driver's checkpoint taken)."""
+def _journal(pid):
     try:
-        held = holder.holder_key(pid) is not None
+        return jn.owner_of(pid)
     except Error:
-        held = False
-    return "suspended" if held else st.get("state", "unknown")
+        return None
+
+
+def _state(pid, st):
+    """running, quiesced (gates closed), released (GPU memory dropped), or the state of the
+    criu-gpushare journal that claims it (suspended, held, dumping, restoring ...)."""
+    journal = _journal(pid)
+    return journal.state if journal else st.get("state", "unknown")
 
 
 def _show(pid, st):
     out = click.echo
     out(f"pid {pid}: shim {st.get('version')} (protocol {st.get('protocol')})")
     out(f"  state: {st.get('state', 'unknown')}")
-    try:
-        key = holder.holder_key(pid)
-    except Error:
-        key = None
-    if key is not None:
-        out(f"  suspended by criu-gpushare (group of pid {key}): `criu-gpushare resume {pid}`")
+    journal = _journal(pid)
+    if journal is not None:
+        out(f"  {journal.state} by criu-gpushare ({journal.kind} of group {journal.key}, steps "
+            f"begun: {', '.join(journal.done) or 'none'}): `criu-gpushare resume {pid}`")
+        if journal.data.get("error"):
+            out(f"  last error: {journal.data['error']}")
     gates = st.get("gates", {})
     for g in ("launch", "memory"):
         info = gates.get(g, {})

@@ -1,45 +1,26 @@
 """`criu-gpushare suspend PID...` and `criu-gpushare resume PID...`: free a group's GPU memory in place."""
 import json
+import math
 import os
 import time
 
 import click
 
-from ..engine import holder
 from ..config import load_settings
+from ..engine import holder, journal as jn, suspension
+from ..engine.steps import Options, format_summary
 from ..errors import ProcessError
-from ..engine.steps import Group, Options, format_summary
-from ..shimctl.processes import process_tree
+from ..shimctl.processes import process_tree, uses_cuda
 
-
-class GroupWork(holder.Work):
-    """What the holder runs for one group: suspend at start, then resume or status on request."""
-
-    def __init__(self, pids, options):
-        self.pids, self.key, self.options = sorted(pids), min(pids), options
-        self.group = None
-
-    def suspend(self, report):
-        self.group = Group(self.pids, self.options, report)
-        return self.group.suspend()
-
-    def handle(self, cmd, fields, report):
-        if cmd == "status":
-            return {"state": "suspended", "holder": os.getpid(), "pids": self.pids,
-                    "done": list(self.group.done), "ref": self.options.ref}, True
-        if cmd == "resume":
-            self.group.report = report
-            gpu_map = fields.get("gpu_map") or None
-            return self.group.resume(gpu_map), False
-        raise ProcessError(self.key, f"unknown holder command {cmd!r}")
+MAX_TIMEOUT_S = 24 * 3600
 
 
 def _pids(pids, tree):
     out = []
     for pid in pids:
-        out.extend(process_tree(pid) if tree else [pid])
         if not os.path.exists(f"/proc/{pid}"):
             raise ProcessError(pid, "no such process")
+        out.extend(process_tree(pid) if tree else [pid])
     return sorted(set(out))
 
 
@@ -51,11 +32,39 @@ def _finish(final, as_json):
     holder.finish(final)
 
 
+def _timeout(ctx, param, value):
+    """Refused before anything changes: a timeout must be a finite number of seconds in range."""
+    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+        raise click.BadParameter(f"{value!r}: give seconds, more than 0 and at most {MAX_TIMEOUT_S}")
+    return value
+
+
+def parse_gpu_map(items):
+    """--gpu-map OLD=NEW (repeatable) -> {OLD: NEW}, each a GPU UUID; refused unless well formed."""
+    from ..gpu.checkpoint_api import parse_uuid
+    mapping = {}
+    for item in items:
+        old, sep, new = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--gpu-map")
+        for uuid in (old, new):
+            try:
+                parse_uuid(uuid)
+            except Exception as e:
+                raise click.BadParameter(str(e), param_hint="--gpu-map") from None
+        if old in mapping:
+            raise click.BadParameter(f"{old} is mapped twice", param_hint="--gpu-map")
+        mapping[old] = new
+    if len(set(mapping.values())) != len(mapping):
+        raise click.BadParameter("two GPUs are mapped onto one", param_hint="--gpu-map")
+    return mapping
+
+
 @click.command()
 @click.argument("pids", nargs=-1, type=int, required=True)
 @click.option("--tree", is_flag=True, help="Also every descendant of each PID.")
 @click.option("--store", help="Chunk store directory (default: settings).")
-@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True, callback=_timeout,
               help="Seconds to wait for GPU work to drain and for the driver lock.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def suspend(pids, tree, store, timeout_s, as_json):
@@ -65,13 +74,15 @@ def suspend(pids, tree, store, timeout_s, as_json):
     addresses. On failure the workload runs on as before and the failed step is named.
     """
     pids = _pids(pids, tree)
-    for pid in pids:
-        if holder.holder_key(pid) is not None:
-            raise ProcessError(pid, "is already suspended (criu-gpushare resume it first)")
+    if not any(uses_cuda(pid) for pid in pids):
+        raise ProcessError(", ".join(map(str, pids)), "does not use CUDA: nothing to suspend")
     settings = load_settings({"store": store})
     ref = f"suspend-{min(pids)}-{time.strftime('%Y%m%dT%H%M%S')}"
+    journal = jn.Journal.create("suspend", pids, jn.SUSPENDING, store=settings.store, ref=ref,
+                                verify=settings.verify)
     options = Options(store=settings.store, timeout_s=timeout_s, ref=ref, verify=settings.verify)
-    final = holder.start(GroupWork(pids, options), on_progress=lambda m: click.echo(m, err=True))
+    final = holder.start(suspension.SuspendWork(journal, options),
+                         on_progress=lambda m: click.echo(m, err=True))
     _finish(final, as_json)
 
 
@@ -81,18 +92,20 @@ def suspend(pids, tree, store, timeout_s, as_json):
               help="Restore the GPU with UUID OLD onto the GPU with UUID NEW (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def resume(pids, gpu_map, as_json):
-    """Bring back processes suspended by `criu-gpushare suspend` (any pid of the group will do)."""
-    mapping = {}
-    for item in gpu_map:
-        old, sep, new = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--gpu-map")
-        mapping[old] = new
-    keys = {holder.holder_key(pid) for pid in pids}
-    if None in keys:
-        missing = [pid for pid in pids if holder.holder_key(pid) is None]
-        raise ProcessError(missing[0], "is not suspended by criu-gpushare")
-    if len(keys) > 1:
+    """Bring back processes suspended by `criu-gpushare suspend` (any pid of the group will do).
+
+    If the process that held the group is gone (killed, crashed), the group is resumed from its
+    journal and the chunk store by this command.
+    """
+    mapping = parse_gpu_map(gpu_map)
+    journals = {}
+    for pid in pids:
+        j = jn.owner_of(pid)
+        if j is None:
+            raise ProcessError(pid, "is not suspended by criu-gpushare")
+        journals[j.key] = j
+    if len(journals) > 1:
         raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
-    final = holder.ask(pids[0], "resume", on_progress=lambda m: click.echo(m, err=True), gpu_map=mapping)
+    verify = load_settings({}).verify
+    final = suspension.resume(pids[0], mapping, report=lambda m: click.echo(m, err=True), verify=verify)
     _finish(final, as_json)

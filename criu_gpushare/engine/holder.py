@@ -1,62 +1,39 @@
-"""The holder: the one long-lived process that keeps a suspended group suspended.
+"""The holder: a detached process that does a group's work and then keeps it, answering requests.
 
-`criu-gpushare suspend` forks it before anything touches CUDA. It makes every driver checkpoint call
-of the group (the driver hangs when two processes make them at once), keeps the group's CPU threads
-frozen with ptrace (a freeze lasts only as long as its tracer lives), and waits. `criu-gpushare
-resume`, `status` and `abort` talk to it over a unix socket in the private state directory.
+`criu-gpushare suspend` and the hook's `pre-dump` fork it before anything touches CUDA (fork and
+CUDA do not mix). It makes every driver checkpoint call of the group (the driver hangs when two
+processes make them at once), keeps the group's CPU threads frozen with ptrace where the work froze
+them (a freeze lasts only as long as its tracer lives), and waits for requests, or for an event its
+work watches (the hook's holder watches the CRIU process that ran it). It is a convenience, not the
+keeper of record: the journal (engine/journal.py) is, so a holder that dies loses nothing.
 
-State directory: $CRIU_GPUSHARE_RUN_DIR if set, else /run/criu-gpushare as root, else
-$XDG_RUNTIME_DIR/criu-gpushare (or /tmp/criu-gpushare-<uid>); it must be a real directory owned by us with mode 0700, so nobody else can
-plant files or sockets in it. For a group keyed by its lowest pid K it holds:
-  holder-K.sock   the holder's socket        holder-K.log   its log
-  pid-P           K, for every pid P of the group (how `resume P` finds the holder)
+Nothing the starting command does can interrupt it mid-step: it runs in its own session, ignores
+SIGINT, SIGHUP and SIGPIPE, and its writes to a client that went away are dropped.
 
+State files (engine/statedir.py): holder-K.sock (its socket), holder-K.log (its log).
 Wire format: one JSON object per line. The client sends {"cmd": ...}; the holder answers with
 zero or more {"event": "progress", "message": ...} lines and one final
 {"event": "done", "ok": bool, "message": ..., "exit_code": int, "result": {...}}.
 """
 import json
 import os
+import select
+import signal
 import socket
-import stat
 import struct
 import sys
 import traceback
 
-from ..errors import EXIT_BUG, Error, ProcessError
-
-
-def state_dir():
-    if os.environ.get("CRIU_GPUSHARE_RUN_DIR"):
-        path = os.environ["CRIU_GPUSHARE_RUN_DIR"]
-    elif os.geteuid() == 0:
-        path = "/run/criu-gpushare"
-    else:
-        base = os.environ.get("XDG_RUNTIME_DIR")
-        path = os.path.join(base, "criu-gpushare") if base else f"/tmp/criu-gpushare-{os.geteuid()}"
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
-        raise Error(f"{path} must be a directory owned by uid {os.geteuid()} with mode 0700 "
-                    "(someone else could plant files in it); remove or fix it")
-    return path
+from ..errors import EXIT_BUG, Error, GroupHeld, ProcessError
+from .statedir import path_of
 
 
 def _paths(key):
-    d = state_dir()
-    return os.path.join(d, f"holder-{key}.sock"), os.path.join(d, f"holder-{key}.log")
+    return path_of(f"holder-{key}.sock"), path_of(f"holder-{key}.log")
 
 
-def holder_key(pid):
-    """The key of the holder keeping pid suspended, or None."""
-    try:
-        with open(os.path.join(state_dir(), f"pid-{pid}")) as f:
-            return int(f.read().strip())
-    except (FileNotFoundError, ValueError):
-        return None
+def log_path(key):
+    return _paths(key)[1]
 
 
 def send_line(conn, obj):
@@ -75,45 +52,54 @@ def _lines(conn):
             yield json.loads(line)
 
 
-def ask(pid, cmd, on_progress=print, **fields):
-    """Send a command to the holder of pid; print progress; return the final 'done' object."""
-    key = holder_key(pid)
-    if key is None:
-        raise ProcessError(pid, "is not suspended by criu-gpushare (no holder)")
+def ask(key, cmd, on_progress=print, **fields):
+    """Send a command to the holder of group `key`; relay progress; return the final object.
+    ProcessError when no holder answers (the caller then works from the journal)."""
     sock_path, log = _paths(key)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         try:
             conn.connect(sock_path)
         except (FileNotFoundError, ConnectionRefusedError):
-            raise ProcessError(pid, f"its holder is gone ({sock_path}); the processes may be "
-                                    f"left checkpointed: see {log}") from None
-        send_line(conn, {"cmd": cmd, **fields})
-        for obj in _lines(conn):
-            if obj.get("event") == "progress":
-                on_progress(obj["message"])
-            elif obj.get("event") == "done":
-                return obj
+            raise ProcessError(key, f"its holder is gone ({sock_path}); see {log}") from None
+        try:
+            send_line(conn, {"cmd": cmd, **fields})
+            for obj in _lines(conn):
+                if obj.get("event") == "progress":
+                    on_progress(obj["message"])
+                elif obj.get("event") == "done":
+                    return obj
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # it was closing as we connected
     finally:
         conn.close()
-    raise ProcessError(pid, f"the holder closed the connection without an answer: see {log}")
+    raise ProcessError(key, f"the holder closed the connection without an answer: see {log}")
 
 
 class Work:
-    """What a holder runs; the suspend/resume logic implements it."""
+    """What a holder runs (engine/suspension.py, engine/dump.py implement it)."""
 
     key = 0
     pids = ()
 
-    def suspend(self, report):  # -> result dict; raise Error to fail (after rolling back)
+    def begin(self, report):
+        """The work done at start -> (result dict, keep: bool: whether the holder stays).
+        Raise Error to fail; a GroupHeld error keeps the holder, for `resume`."""
         raise NotImplementedError
 
     def handle(self, cmd, fields, report):  # -> (result dict, keep_running: bool)
         raise NotImplementedError
 
+    def watched_fd(self):
+        """An fd whose readiness means an event for `on_event` (None: requests only)."""
+        return None
+
+    def on_event(self, report):  # -> keep_running: bool
+        return True
+
 
 def start(work, on_progress=print):
-    """Fork the holder, run work.suspend() in it, relay its progress; return the final object.
+    """Fork the holder, run work.begin() in it, relay its progress; return the final object.
 
     Must be called before this process initialises CUDA (fork and CUDA do not mix).
     """
@@ -125,6 +111,8 @@ def start(work, on_progress=print):
         if os.fork() == 0:
             try:
                 _holder_main(work, wfd)
+            except BaseException:
+                traceback.print_exc()
             finally:
                 os._exit(0)
         os._exit(0)
@@ -139,47 +127,53 @@ def start(work, on_progress=print):
             elif obj.get("event") == "done":
                 final = obj
     if final is None:
-        _, log = _paths(work.key)
         final = {"event": "done", "ok": False, "exit_code": EXIT_BUG,
-                 "message": f"the holder died without an answer: see {log}"}
+                 "message": f"the holder died without an answer: see {log_path(work.key)}"}
     return final
 
 
 class _Reporter:
-    """Progress to a client connection (or the start pipe) and to the log."""
+    """Progress to a client connection (or the start pipe) and to the log; a client that went
+    away costs nothing."""
 
     def __init__(self, write):
         self.write = write
 
     def __call__(self, message):
         print(message, flush=True)
+        self.send({"event": "progress", "message": message})
+
+    def send(self, obj):
+        if self.write is None:
+            return
         try:
-            self.write({"event": "progress", "message": message})
+            self.write(obj)
         except OSError:
-            pass  # the client went away; the work goes on
+            self.write = None  # the client went away; the work goes on
 
 
 def _done(ok, message="", exit_code=0, result=None):
     return {"event": "done", "ok": ok, "message": message, "exit_code": exit_code, "result": result or {}}
 
 
-def _run(fn, report):
+def _run(fn, report, keep_on_error):
+    """-> (final object, keep: whether the holder stays). keep_on_error(error) decides after a
+    failure."""
     try:
-        return _done(True, result=fn(report))
+        result, keep = fn(report)
+        return _done(True, result=result), keep
     except Error as e:
-        final = _done(False, str(e), e.exit_code)
-        # A failure that leaves the group held (a rollback that failed too): the holder stays, so
-        # that `resume` can retry once the cause is fixed.
-        final["held"] = bool(getattr(e, "group_held", False))
-        return final
+        return _done(False, str(e), e.exit_code), keep_on_error(e)
     except Exception as e:  # a bug: keep the traceback in the log
         traceback.print_exc()
-        return _done(False, f"internal error: {e!r}", EXIT_BUG)
+        return _done(False, f"internal error: {e!r}", EXIT_BUG), keep_on_error(e)
 
 
 def _holder_main(work, wfd):
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
     sock_path, log = _paths(work.key)
-    logfd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    logfd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(logfd, 1)
@@ -187,9 +181,7 @@ def _holder_main(work, wfd):
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     pipe = os.fdopen(wfd, "wb", buffering=0)
-
-    def to_pipe(obj):
-        pipe.write(json.dumps(obj).encode() + b"\n")
+    to_pipe = _Reporter(lambda obj: pipe.write(json.dumps(obj).encode() + b"\n"))
 
     print(f"holder {os.getpid()} for pids {' '.join(map(str, work.pids))}", flush=True)
     try:
@@ -201,67 +193,46 @@ def _holder_main(work, wfd):
         listener.bind(sock_path)
         listener.listen(4)
     except OSError as e:
-        to_pipe(_done(False, f"cannot listen on {sock_path}: {e.strerror}", Error.exit_code))
+        to_pipe.send(_done(False, f"cannot listen on {sock_path}: {e.strerror}", Error.exit_code))
         return
-    final = _run(work.suspend, _Reporter(to_pipe))
-    held = final["ok"] or final.get("held")
-    if held:
-        for pid in work.pids:
-            _write_pid_file(pid, work.key)
-    to_pipe(final)
-    pipe.close()
-    if not held:
-        listener.close()
-        os.unlink(sock_path)
-        return
-    _serve(work, listener, sock_path)
+    # A failed begin leaves the holder only where the work says the group is held (GroupHeld).
+    final, keep = _run(work.begin, to_pipe, lambda e: isinstance(e, GroupHeld))
+    to_pipe.send(final)
+    try:
+        pipe.close()
+    except OSError:
+        pass
+    if keep:
+        _serve(work, listener)
+    listener.close()
+    os.unlink(sock_path)
+    print("holder done", flush=True)
 
 
-def _write_pid_file(pid, key):
-    path = os.path.join(state_dir(), f"pid-{pid}")
-    with open(path + ".tmp", "w") as f:
-        f.write(f"{key}\n")
-    os.rename(path + ".tmp", path)
-
-
-def _remove_pid_files(pids):
-    for pid in pids:
-        try:
-            os.unlink(os.path.join(state_dir(), f"pid-{pid}"))
-        except FileNotFoundError:
-            pass
-
-
-def _serve(work, listener, sock_path):
+def _serve(work, listener):
     while True:
+        watched = work.watched_fd()
+        ready, _, _ = select.select([listener] + ([watched] if watched is not None else []), [], [])
+        if watched is not None and watched in ready:
+            if not work.on_event(_Reporter(None)):
+                return
+            continue
         conn, _ = listener.accept()
         with conn:
-            peer_uid = _peer_uid(conn)
-            if peer_uid not in (0, os.geteuid()):
+            if _peer_uid(conn) not in (0, os.geteuid()):
                 continue  # the directory is 0700; this is belt and braces
+            conn.settimeout(30)
             try:
                 request = next(_lines(conn))
             except (StopIteration, ValueError, OSError):
                 continue
+            conn.settimeout(None)
             cmd = request.pop("cmd", "")
             reporter = _Reporter(lambda obj, c=conn: send_line(c, obj))
-            keep = [True]
-
-            def handle(report, cmd=cmd, request=request):
-                result, keep[0] = work.handle(cmd, request, report)
-                return result
-
-            final = _run(handle, reporter)
-            if not keep[0]:
-                _remove_pid_files(work.pids)  # before answering: the group is no longer held
-            try:
-                send_line(conn, final)
-            except OSError:
-                pass
-            if not keep[0]:
-                listener.close()
-                os.unlink(sock_path)
-                print("holder done", flush=True)
+            final, keep = _run(lambda report: work.handle(cmd, request, report), reporter,
+                               lambda e: True)  # a failed request changes nothing: stay
+            reporter.send(final)
+            if not keep:
                 return
 
 

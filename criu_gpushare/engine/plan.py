@@ -9,14 +9,18 @@ Every distinct piece of GPU memory is saved once, by one owner:
 Imports are linked to their origin by (exporter pid, allocation id), never by address or handle.
 
 Refused before anything changes (ProcessError, with what to do):
+  - a process that another tool has locked or checkpointed through the driver (its driver state
+    is read first: it is not RUNNING);
+  - a shim that does not answer in time or refuses us: fail closed, never "shares nothing";
   - a process that uses CUDA without the shim while any process of the group shares GPU memory;
   - an import from a process outside the group (suspend them together);
   - what a shim reports it cannot track (e.g. a legacy IPC import of memory allocated without it).
 """
 import dataclasses
 
+from ..errors import Error, ProcessError, ShimNotServing
+from ..gpu import checkpoint_api as ck
 from ..shimctl import client as control
-from ..errors import Error, ProcessError, ShimError
 from ..shimctl.processes import cuda_and_shim
 
 
@@ -58,18 +62,52 @@ class Attachment:
 
 
 def discover(pids):
-    """Members for the given pids (status read from each shim that answers)."""
+    """Members for the given pids: whether each has CUDA state (its driver state, read before
+    anything changes) and what its shim tracks. Needs CUDA initialised in this process."""
     members = []
     for pid in pids:
         cuda, shim = cuda_and_shim(pid)
         status = None
-        if shim:
+        if cuda:
+            state = ck.state_if_initialized(pid)
+            if state is None:
+                cuda = False  # libcuda is loaded but cuInit was never called: no GPU state
+            elif state is not ck.State.RUNNING:
+                raise ProcessError(pid, f"is {state.value} in the CUDA driver already (another "
+                                   "checkpoint tool, or an earlier run that did not finish, holds "
+                                   "it): restore or unlock it with that tool first")
+        if shim and cuda:
             try:
                 status = control.status(pid)
-            except ShimError:
-                status = None  # the shim has not started its socket: the process shares nothing
+            except ShimNotServing as e:
+                # The shim serves from cuInit on: CUDA state without its socket is not ours to guess.
+                raise ProcessError(pid, f"has CUDA state but its shim does not serve ({e})") from None
         members.append(Member(pid, cuda, shim, status))
     return members
+
+
+def member_state(m):
+    return {"pid": m.pid, "cuda": m.cuda, "shim": m.shim, "served": m.status is not None}
+
+
+def member_from_state(d):
+    return Member(d["pid"], d["cuda"], d["shim"], {} if d["served"] else None)
+
+
+def unit_state(u):
+    return dataclasses.asdict(u)
+
+
+def unit_from_state(d):
+    return Unit(**dict(d, origin=tuple(d["origin"])))
+
+
+def attachment_state(a):
+    return {"importer": a.importer, "import_id": a.import_id, "unit": a.unit.key}
+
+
+def attachment_from_state(d, units_by_key):
+    return Attachment(d["importer"], d["import_id"], units_by_key[d["unit"]])
 
 
 def check(members):
@@ -121,7 +159,7 @@ def _alive(pid):
         return False
 
 
-def plan(members):
+def make_plan(members):
     """(units to save, attachments to restore) for members with a shim status."""
     units, by_origin = [], {}
     for m in sorted(members, key=lambda m: m.pid):

@@ -1,9 +1,10 @@
-"""Suspend and resume a group of processes that share GPU memory: the steps, in order, with rollback.
+"""The steps that take a group's GPU state out and bring it back, each one function, and the lists
+they are run in (by engine/runner.py, which records them and rolls back).
 
-Suspend (DESIGN.md section 3, steps 1-5):
+Out (DESIGN.md section 3, steps 1-5; CRIU's pre-dump runs the same list without freeze):
   quiesce   every shim closes its launch gate, drains, closes its memory gate, drains (sequentially;
             a busy shim makes every gate reopen, and the whole quiesce is retried until the timeout)
-  save      every unit of GPU memory (group.plan) is exported by its owner's shim as a POSIX fd,
+  save      every unit of GPU memory (engine/plan.py) is exported by its owner's shim as a POSIX fd,
             imported into this process and streamed to the chunk store; a manifest and a ref are
             committed (durable) before anything is dropped
   release   every shim drops its imports, then its own memory (VA reservations kept), unregisters
@@ -14,7 +15,7 @@ Suspend (DESIGN.md section 3, steps 1-5):
   freeze    every CPU thread stopped with ptrace, except the driver's restore thread and the shim's
             (before the checkpoint unmaps memory those threads could touch)
   checkpoint cuCheckpointProcessCheckpoint of every pid at once
-Resume:
+Back (UNDO: each runs when the step it undoes was begun):
   restore   cuCheckpointProcessRestore of every CHECKPOINTED pid at once (GPU map by UUID); a failure
             leaves every pid as it is, and resume can be retried
   unlock    only once every pid is restored, so no process runs without its peers
@@ -24,64 +25,48 @@ Resume:
   load      each unit's bytes come back from the store through this process
   attach    importers map the owners' memory again at their own addresses
   reopen    host memory re-registered at the same device pointers, gates opened
-A failure during suspend undoes exactly what was done, in reverse order, and says which step failed.
 """
 import dataclasses
 import os
 import time
 
-from ..gpu import checkpoint_api as ck
-from ..shimctl import client as control
-from . import plan as grp
-from ..gpu.copy_engine import CopyEngine, CopyStats
 from ..errors import BusyError, Error, ShimError
-from .freezer import Freezer
+from ..gpu import checkpoint_api as ck
+from ..gpu.copy_engine import CopyEngine, CopyStats
 from ..gpu.memory import ImportedAllocation
+from ..shimctl import client as control
 from ..store.manifest import Manifest, ProcessEntry
 from ..store.store import Store
+from . import plan
+from .faults import fault_point
+from .freezer import Freezer
 
 QUIESCE_RETRY_S = 0.25
-# Fault injection for tests (as CRIU's --fault): CRIU_GPUSHARE_FAULT=<suspend step> makes that step
-# fail right after it did its work, so its undo runs exactly as after a real failure.
-FAULT_ENV = "CRIU_GPUSHARE_FAULT"
 
-
-class StepFailed(Error):
-    """{} failed: {}"""
-
-    def __init__(self, step, cause, rolled_back=True):
-        super().__init__(step, cause)
-        self.step, self.cause, self.rolled_back = step, cause, rolled_back
-        self.group_held = not rolled_back  # the holder stays, for `resume` to retry the rollback
-        self.exit_code = getattr(cause, "exit_code", Error.exit_code)
-
-    def __str__(self):
-        tail = ("; rolled back, the workload runs as before" if self.rolled_back
-                else "; the rollback failed too: the group stays held; fix the cause and run "
-                     "`criu-gpushare resume` to retry it (`criu-gpushare status` shows each process)")
-        return f"suspend failed at step {self.step}: {self.cause}{tail}"
+# The step lists (run by engine/runner.py). CRIU seizes the tasks itself, so its list has no freeze.
+IN_PLACE = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint")
+CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "checkpoint")
+# Resume and rollback: (step whose effect it undoes, undo step), in the order they run. An undo runs
+# when the step it undoes is recorded as done (begun).
+UNDO = (("checkpoint", "restore"),
+        ("lock", "unlock"),
+        # Once the driver has restored its memory nothing a CPU thread touches is unmapped (GPU work
+        # stays held at the gates), and a thread frozen inside the shim's state lock would block
+        # every shim command below.
+        ("freeze", "thaw"),
+        ("release", "recreate"),
+        ("release", "load"),
+        ("release", "attach"),
+        ("quiesce", "reopen"))
 
 
 def driver_lock():
     """The node-wide lock around driver checkpoint calls (two processes calling at once hang the
     driver): ck.DEFAULT_LOCK_PATH as root, else a file in this user's state directory."""
-    from .holder import state_dir
+    from .statedir import state_dir
     if os.geteuid() == 0:
         return ck.DriverLock()
     return ck.DriverLock(os.path.join(state_dir(), "driver.lock"))
-
-
-class ResumeFailed(Error):
-    """{} failed: {}"""
-
-    def __init__(self, step, cause):
-        super().__init__(step, cause)
-        self.step, self.cause = step, cause
-        self.exit_code = getattr(cause, "exit_code", Error.exit_code)
-
-    def __str__(self):
-        return (f"resume failed at step {self.step}: {self.cause}; the processes stay suspended "
-                "(their GPU work held, their GPU memory in the store): fix the cause and resume again")
 
 
 @dataclasses.dataclass
@@ -94,7 +79,12 @@ class Options:
 
 
 class Group:
-    """One suspended (or suspending) group: its plan and what has been done to it."""
+    """One group being suspended, dumped or restored: its plan, and a function per step.
+
+    The plan (members, units, attachments, GPUs) and the steps done are kept in `state()`, which
+    the journal stores, so that another process can rebuild the group with `from_state` and finish
+    or undo what this one began.
+    """
 
     def __init__(self, pids, options, report=print):
         self.pids = sorted(set(pids))
@@ -102,51 +92,67 @@ class Group:
         self.members = []
         self.units, self.attachments = [], []
         self.manifest = None
-        self.done = []            # steps completed, for rollback and status
+        self.done = []            # steps begun, in order, for rollback and status
         self.freezer = Freezer()
         self.stats = CopyStats()
         self.times = {}
         self.gpus = []
+        self.manifest_id = None
 
-    # -- helpers -------------------------------------------------------------------------------
+    def discover(self):
+        """Read every process's shim and driver state and make the plan; refuse, before anything
+        changes, what cannot be handled (engine/plan.py)."""
+        self.members = plan.discover(self.pids)
+        plan.check(self.members)
+        self.units, self.attachments = plan.make_plan(self.members)
+        from ..gpu.driver import gpus
+        self.gpus = [uuid for _, _, uuid in gpus()] if self.pids_with_cuda() else []
+
+    @property
+    def has_gpu_state(self):
+        return bool(self.pids_with_cuda())
+
+    # -- the durable form (engine/journal.py) --------------------------------------------------
+
+    def state(self):
+        return {"pids": self.pids, "gpus": self.gpus, "done": list(self.done),
+                "members": [plan.member_state(m) for m in self.members],
+                "units": [plan.unit_state(u) for u in self.units],
+                "attachments": [plan.attachment_state(a) for a in self.attachments]}
+
+    @classmethod
+    def from_state(cls, state, options, report=print, manifest=None):
+        group = cls(state["pids"], options, report)
+        group.gpus = state["gpus"]
+        group.done = list(state["done"])
+        group.members = [plan.member_from_state(m) for m in state["members"]]
+        group.units = [plan.unit_from_state(u) for u in state["units"]]
+        by_key = {u.key: u for u in group.units}
+        group.attachments = [plan.attachment_from_state(a, by_key) for a in state["attachments"]]
+        group.manifest = manifest
+        return group
 
     @property
     def shim_pids(self):
         return [m.pid for m in self.members if m.status is not None]
+
+    def pids_with_cuda(self):
+        return [m.pid for m in self.members if m.cuda]
 
     def _each_shim(self, cmd, pids=None, **fields):
         """Send cmd to each shim in turn; the first failure raises (naming the pid)."""
         for pid in self.shim_pids if pids is None else pids:
             control.request(pid, cmd, timeout=600, **fields)
 
-    def _timed(self, step, fn, record=True):
-        """Run a step. It is recorded as done before it runs: a step that fails half-way (two of
-        three shims released) is undone like a finished one, and every undo tolerates that."""
-        self.report(f"{step}...")
-        if record:
-            self.done.append(step)
-        t = time.monotonic()
-        fn()
-        self.times[step] = time.monotonic() - t
-        if record and os.environ.get(FAULT_ENV) == step:
-            raise Error(f"fault injected after step {step} ({FAULT_ENV})")
+    def step(self, name):
+        """The function that carries out step `name` (of a step list or of UNDO)."""
+        return {"quiesce": self._quiesce, "save": self._save, "release": self._release,
+                "void": self._void, "lock": self._lock, "freeze": self._freeze,
+                "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
+                "thaw": self.freezer.thaw, "recreate": self._recreate, "load": self._load,
+                "attach": self._attach, "reopen": lambda: self._each_shim("resume")}[name]
 
     # -- suspend -------------------------------------------------------------------------------
-
-    def suspend(self):
-        self.members = grp.discover(self.pids)
-        grp.check(self.members)
-        self.units, self.attachments = grp.plan(self.members)
-        steps = [("quiesce", self._quiesce), ("save", self._save), ("release", self._release),
-                 ("void", self._void), ("lock", self._lock), ("freeze", self._freeze),
-                 ("checkpoint", self._checkpoint)]
-        for name, fn in steps:
-            try:
-                self._timed(name, fn)
-            except Error as e:
-                ok = self._rollback()
-                raise StepFailed(name, e, rolled_back=ok) from e
-        return self.summary("suspended")
 
     def _quiesce(self):
         deadline = time.monotonic() + self.options.timeout_s
@@ -195,14 +201,10 @@ class Group:
                         os.close(fd)
                     self.stats.add(stats)
                     processes.setdefault(unit.owner, []).append(alloc)
+                    fault_point("copy")  # between two units: part of the memory is in the store
             self.manifest = Manifest([ProcessEntry(pid, allocs) for pid, allocs in sorted(processes.items())],
-                                     meta={"pids": self.pids, "gpus": self._gpu_uuids()})
-            session.commit(self.options.ref, self.manifest)
-
-    def _gpu_uuids(self):
-        from ..gpu.driver import gpus
-        self.gpus = [uuid for _, _, uuid in gpus()]
-        return self.gpus
+                                     meta={"pids": self.pids, "gpus": self.gpus})
+            self.manifest_id = session.commit(self.options.ref, self.manifest)
 
     def _progress(self, total, verb):
         state = {"done": 0, "next": 0.0}
@@ -237,45 +239,13 @@ class Group:
         for pid in self.pids_with_cuda():
             self.freezer.freeze(pid, {ck.restore_thread_id(pid)})
 
-    def pids_with_cuda(self):
-        return [m.pid for m in self.members if m.cuda]
-
     # -- resume and rollback -------------------------------------------------------------------
 
-    def resume(self, gpu_map=None):
-        """Bring the group back; on failure its GPU work stays held and resume can be retried."""
-        self.times = {}
-        t0 = time.monotonic()
-        undo = [("checkpoint", "restore", lambda: self._restore(gpu_map)),
-                ("lock", "unlock", self._unlock),
-                # Once the driver has restored its memory nothing a CPU thread touches is unmapped
-                # (GPU work stays held at the gates), and a thread frozen inside the shim's state
-                # lock would block every shim command below.
-                ("freeze", "thaw", self.freezer.thaw),
-                ("release", "recreate", self._recreate),
-                ("release", "load", self._load),
-                ("release", "attach", self._attach),
-                ("quiesce", "reopen", lambda: self._each_shim("resume"))]
-        self.load_stats = CopyStats()
-        for done_step, step, fn in undo:
-            if done_step in self.done:
-                try:
-                    self._timed(step, fn, record=False)
-                except Error as e:
-                    raise ResumeFailed(step, e) from e
-        for done_step, _, _ in undo:  # forgotten only once everything worked: a retry redoes all
-            while done_step in self.done:
-                self.done.remove(done_step)
-        self.done.clear()
-        self.times["total"] = time.monotonic() - t0
-        return self.summary("resumed", self.load_stats)
-
-    def _restore(self, gpu_map):
+    def _restore(self):
         pairs = []
-        checkpointed_gpus = (self.manifest.meta.get("gpus") if self.manifest else None) or self.gpus
-        if checkpointed_gpus:
+        if self.gpus:
             from ..gpu.driver import gpus
-            pairs = ck.gpu_map(checkpointed_gpus, [u for _, _, u in gpus()], gpu_map)
+            pairs = ck.gpu_map(self.gpus, [u for _, _, u in gpus()], self.options.gpu_map)
         todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
         with driver_lock():
             ck.raise_first(ck.restore_all(todo, pairs))
@@ -294,6 +264,8 @@ class Group:
 
     def _load(self):
         with Store.open(self.options.store) as store:
+            if self.manifest is None:  # a resume in a process other than the one that saved
+                self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
             allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
             total = sum(u.size for u in self.units)
             with CopyEngine(store, verify_loads=self.options.verify,
@@ -302,7 +274,7 @@ class Group:
                     fd = self._export_fd(unit)
                     try:
                         with ImportedAllocation(fd, unit.size, unit.device) as mem:
-                            self.load_stats.add(engine.load(allocs[unit.key], mem.ptr, unit.device))
+                            self.stats.add(engine.load(allocs[unit.key], mem.ptr, unit.device))
                     finally:
                         os.close(fd)
 
@@ -313,16 +285,6 @@ class Group:
                 control.request(a.importer, "attach", fds=(fd,), id=a.import_id, timeout=600)
             finally:
                 os.close(fd)
-
-    def _rollback(self):
-        """Undo the steps done so far; True when the workload runs as before."""
-        try:
-            self.report(f"rolling back ({', '.join(reversed(self.done))})")
-            self.resume()
-            return True
-        except Error as e:
-            self.report(f"rollback failed: {e}")
-            return False
 
     def summary(self, what, stats=None):
         s = stats or self.stats

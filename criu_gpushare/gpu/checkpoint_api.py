@@ -49,6 +49,16 @@ def state(pid):
     return _state_from_driver(drv.check(cu.cuCheckpointProcessGetState(pid), f"get state of pid {pid}"))
 
 
+def state_if_initialized(pid):
+    """The driver state of pid, or None when it never called cuInit (it has no GPU state)."""
+    try:
+        return state(pid)
+    except DriverError as e:
+        if getattr(e, "result", "") == "CUDA_ERROR_NOT_INITIALIZED":
+            return None
+        raise
+
+
 def restore_thread_id(pid):
     """The thread of `pid` that carries out checkpoint operations (a freezer must spare it)."""
     cu = drv.driver()
@@ -88,11 +98,20 @@ def _unlock(pid):
     drv.check(cu.cuCheckpointProcessUnlock(pid, None), f"unlock pid {pid}")
 
 
+def parse_uuid(text):
+    """'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx' (as nvidia-smi prints it) -> 16 bytes."""
+    try:
+        raw = bytes.fromhex(text.removeprefix("GPU-").replace("-", ""))
+    except ValueError:
+        raw = b""
+    if not text.startswith("GPU-") or len(raw) != 16:
+        raise DriverError(f"not a GPU UUID: {text!r} (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+    return raw
+
+
 def _cuuuid(text):
     cu = drv.driver()
-    raw = bytes.fromhex(text.removeprefix("GPU-").replace("-", ""))
-    if len(raw) != 16:
-        raise DriverError(f"not a GPU UUID: {text!r}")
+    raw = parse_uuid(text)
     u = cu.CUuuid()
     ctypes.memmove(u.getPtr(), raw, 16)  # cuda-python's CUuuid.bytes is read-only
     return u

@@ -44,7 +44,9 @@ def check(result, what):
     cu = driver()
     err, *values = result
     if err != cu.CUresult.CUDA_SUCCESS:
-        raise DriverError(f"{what}: {error_name(cu, err)}")
+        error = DriverError(f"{what}: {error_name(cu, err)}")
+        error.result = error_name(cu, err)  # e.g. "CUDA_ERROR_NOT_INITIALIZED", for callers to test
+        raise error
     if not values:
         return None
     return values[0] if len(values) == 1 else tuple(values)

@@ -25,7 +25,7 @@ import socket
 import struct
 import threading
 
-from ..errors import BusyError, ProcessError, ShimError
+from ..errors import BusyError, ProcessError, ShimError, ShimNotServing
 
 PROTOCOL = 2  # CRIU_GPUSHARE_PROTOCOL in shim/include/criu_gpushare_shim.h
 SOCKET_PREFIX = "criu-gpushare."
@@ -150,7 +150,7 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
         try:
             sock.connect("\0" + name)
         except (ConnectionRefusedError, FileNotFoundError):
-            raise ShimError(f"process {pid} has no control socket @{name}: it does not run with "
+            raise ShimNotServing(f"process {pid} has no control socket @{name}: it does not run with "
                             "the shim, or has not initialized CUDA yet") from None
         except socket.timeout:
             raise ShimError(f"process {pid}: connecting to @{name} timed out") from None

@@ -19,7 +19,7 @@ def member(pid, allocations=(), imports=(), mappings=(), cuda=True, shim=True, u
 def test_shared_memory_is_saved_once_by_its_exporter_and_attached_by_importers():
     exporter = member(10, allocations=[(1, 64 * MIB, 0, 1), (2, 2 * MIB, 0, 0)])
     importer = member(20, imports=[(7, 64 * MIB, 10, 1)])
-    units, attachments = grp.plan([importer, exporter])
+    units, attachments = grp.make_plan([importer, exporter])
     assert [(u.owner, u.kind, u.id) for u in units] == [(10, "allocation", 1), (10, "allocation", 2)]
     assert [(a.importer, a.import_id, a.unit.id) for a in attachments] == [(20, 7, 1)]
 
@@ -29,7 +29,7 @@ def test_memory_the_exporter_freed_is_adopted_by_the_lowest_importer():
     mappings = [{"object": "import", "id": 5, "access": [{"location": 1, "prot": "rw"}]}]
     a = member(20, imports=[(5, 8 * MIB, 10, 1)], mappings=mappings)
     b = member(30, imports=[(9, 8 * MIB, 10, 1)])
-    units, attachments = grp.plan([b, a, exporter])
+    units, attachments = grp.make_plan([b, a, exporter])
     assert [(u.owner, u.kind, u.id, u.device) for u in units] == [(20, "import", 5, 1)]
     assert [(x.importer, x.import_id, x.unit.owner) for x in attachments] == [(30, 9, 20)]
 

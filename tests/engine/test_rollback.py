@@ -188,6 +188,6 @@ def test_failed_rollback_keeps_the_group_held_for_resume(lc, workload, tmp_path)
                 env=dict(lc.tool, FAKECUDA_FAIL="cuCheckpointProcessLock=1"))
     assert r.returncode != 0
     assert "failed at step lock" in r.stderr and "the rollback failed too" in r.stderr, r.stderr
-    assert "suspended by criu-gpushare" in lc.cli("status", a.pid).stdout
+    assert "held by criu-gpushare" in lc.cli("status", a.pid).stdout
     resume(lc, b.pid)
     assert_runs_as_before(lc, a, b)

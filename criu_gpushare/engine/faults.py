@@ -1,0 +1,25 @@
+"""Fault injection for tests, as CRIU's --fault: CRIU_GPUSHARE_FAULT=<point>[:kill].
+
+A point is a step name (the fault fires right after the step did its work, so its undo runs
+exactly as after a real failure) or "copy" (inside save, after the first unit is in the store).
+`<point>` raises an error there; `<point>:kill` SIGKILLs this process there, as a crash would.
+"""
+import os
+import signal
+
+from ..errors import Error
+
+FAULT_ENV = "CRIU_GPUSHARE_FAULT"
+
+
+class InjectedFault(Error):
+    """fault injected at {} ({})"""
+
+
+def fault_point(point):
+    want, _, how = os.environ.get(FAULT_ENV, "").partition(":")
+    if want != point:
+        return
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    raise InjectedFault(point, FAULT_ENV)

@@ -1,0 +1,127 @@
+"""The tool's private state directory, and the only ways files in it are read and written.
+
+$CRIU_GPUSHARE_RUN_DIR if set, else /run/criu-gpushare as root, else $XDG_RUNTIME_DIR/criu-gpushare
+(or /tmp/criu-gpushare-<uid>). It must be a real directory (not a link) owned by us with mode 0700,
+so nobody else can plant files, links or sockets in it; every file in it is opened without following
+links and must be a regular file. What lives there is listed in engine/journal.py and
+engine/holder.py.
+"""
+import json
+import os
+import stat
+
+from ..errors import Error
+
+
+def state_dir():
+    if os.environ.get("CRIU_GPUSHARE_RUN_DIR"):
+        path = os.environ["CRIU_GPUSHARE_RUN_DIR"]
+    elif os.geteuid() == 0:
+        path = "/run/criu-gpushare"
+    else:
+        base = os.environ.get("XDG_RUNTIME_DIR")
+        path = os.path.join(base, "criu-gpushare") if base else f"/tmp/criu-gpushare-{os.geteuid()}"
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        raise Error(f"{path} must be a directory owned by uid {os.geteuid()} with mode 0700, not a "
+                    "link (someone else could plant files in it); remove or fix it")
+    return path
+
+
+def path_of(name):
+    return os.path.join(state_dir(), name)
+
+
+def read_json(name):
+    """The object in state file `name`, or None when there is none. A link or a non-regular file
+    is refused (ELOOP with O_NOFOLLOW), never followed; an unreadable file is an Error."""
+    path = path_of(name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise Error(f"{path}: cannot open ({e.strerror}); a state file must be a regular file, "
+                    "not a link: remove it") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise Error(f"{path} is not a regular file: remove it")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read()
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise Error(f"{path} is not valid JSON (a crash while writing it?): remove it once the "
+                    "processes it names are known to be running") from None
+
+
+def write_json(name, obj):
+    """Write state file `name` atomically and durably (temp file, fsync, rename, fsync dir)."""
+    path = path_of(name)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, json.dumps(obj, indent=1, sort_keys=True).encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(tmp, path)
+    _sync_dir()
+
+
+def create_exclusive(name, obj):
+    """Create state file `name` holding obj; False if it exists (another claim won the race)."""
+    path = path_of(name)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, json.dumps(obj).encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _sync_dir()
+    return True
+
+
+def remove(name):
+    try:
+        os.unlink(path_of(name))
+    except FileNotFoundError:
+        pass
+
+
+def names(prefix):
+    return sorted(n for n in os.listdir(state_dir()) if n.startswith(prefix) and ".tmp-" not in n)
+
+
+def _sync_dir():
+    fd = os.open(state_dir(), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def start_time(pid):
+    """The process's start time (clock ticks since boot, /proc/PID/stat field 22), or None when it
+    is gone: a pid and its start time name one process, even after the pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    if fields[0] in ("Z", "X"):
+        return None  # a zombie has no GPU state and will never answer
+    return int(fields[19])
+
+
+def same_process(pid, started):
+    return started is not None and start_time(pid) == started

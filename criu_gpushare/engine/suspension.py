@@ -1,0 +1,99 @@
+"""Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and `resume`, which
+asks the holder when it lives and otherwise finishes the work from the journal in this process."""
+import os
+
+from ..errors import GroupHeld, ProcessError
+from . import holder, journal as jn
+from .runner import Runner
+from .steps import IN_PLACE, Group, Options
+
+
+class NothingToSuspend(ProcessError):
+    """process {}: {}"""
+
+
+class SuspendWork(holder.Work):
+    """Runs in the holder: suspend at start, then status or resume on request."""
+
+    def __init__(self, journal, options):
+        self.journal, self.options = journal, options
+        self.key, self.pids = journal.key, journal.pids
+        self.group = None
+
+    def begin(self, report):
+        self.journal.adopt()
+        try:
+            self.group = Group(self.pids, self.options, report)
+            self.group.discover()
+            if not self.group.has_gpu_state:
+                raise NothingToSuspend(", ".join(map(str, self.pids)), "has no CUDA state: nothing "
+                                       "to suspend (nothing was changed)")
+            self.journal.set(group=self.group.state())
+            Runner(self.group, self.journal).run(IN_PLACE)
+        except GroupHeld as e:
+            self.journal.set(state=jn.HELD, error=str(e))
+            raise
+        except BaseException:
+            self.journal.close()
+            raise
+        self.journal.set(state=jn.SUSPENDED)
+        return self.group.summary("suspended"), True
+
+    def handle(self, cmd, fields, report):
+        if cmd == "status":
+            return {"state": self.journal.state, "holder": os.getpid(), "pids": self.pids,
+                    "done": list(self.group.done), "ref": self.options.ref}, True
+        if cmd == "resume":
+            self.group.report = report
+            self.group.options.gpu_map = fields.get("gpu_map") or None
+            return resume_group(self.group, self.journal), False
+        raise ProcessError(self.key, f"unknown holder command {cmd!r}")
+
+
+def resume_group(group, journal):
+    before = journal.state  # suspended, or held (a rollback that failed): what a failure leaves
+    journal.set(state=jn.RESUMING)
+    try:
+        Runner(group, journal).undo()
+    except BaseException as e:
+        journal.set(state=before if before != jn.RESUMING else jn.SUSPENDED, error=str(e))
+        raise
+    journal.close()
+    return group.summary("resumed")
+
+
+def resume(pid, gpu_map=None, report=print, verify=None):
+    """Resume the group pid belongs to: through its holder if one runs, else here from the journal
+    (a holder killed at any phase loses nothing: the plan and the steps begun are in the journal,
+    the memory in the store). Returns the summary; raises the error a failed resume leaves."""
+    journal = jn.owner_of(pid)
+    if journal is None:
+        raise ProcessError(pid, "is not suspended by criu-gpushare")
+    if journal.worker_alive():
+        try:
+            final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {})
+        except ProcessError:
+            worker = journal.data["worker"]["pid"]
+            raise ProcessError(pid, f"criu-gpushare process {worker} is working on its group now "
+                               f"({journal.kind}, {journal.state}); wait for it") from None
+        return final
+    return {"event": "done", "ok": True, "result": recover(journal, gpu_map, report, verify)}
+
+
+def recover(journal, gpu_map=None, report=print, verify=None):
+    """Finish or undo the journal's work in this process (its worker is gone)."""
+    if "group" not in journal.data:  # died before its plan was made: nothing was changed
+        journal.close()
+        return {"state": "resumed", "pids": journal.pids, "seconds": {}, "bytes": {}, "note":
+                "nothing had been changed"}
+    alive = journal.processes_alive()
+    if not alive:
+        journal.close()
+        raise ProcessError(", ".join(map(str, journal.pids)), "exited while suspended; its journal "
+                           "is removed (the store keeps its checkpoint until `store rm`)")
+    journal.adopt()
+    report(f"the process that held group {journal.key} is gone; resuming from its journal")
+    options = Options(store=journal.data["store"], ref=journal.data["ref"], gpu_map=gpu_map or None,
+                      verify=journal.data.get("verify", True) if verify is None else verify)
+    group = Group.from_state(journal.data["group"], options, report)
+    return resume_group(group, journal)
