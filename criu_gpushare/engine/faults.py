@@ -2,7 +2,8 @@
 
 A point is a step name (the fault fires right after the step did its work, so its undo runs
 exactly as after a real failure) or "copy" (inside save, after the first unit is in the store).
-`<point>` raises an error there; `<point>:kill` SIGKILLs this process there, as a crash would.
+`<point>` raises the tool's error there; `<point>:kill` SIGKILLs this process there, as a crash
+would; `<point>:bug` raises an exception that is not the tool's (as a bug would).
 """
 import os
 import signal
@@ -22,4 +23,6 @@ def fault_point(point):
         return
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how == "bug":
+        raise RuntimeError(f"bug injected at {point} ({FAULT_ENV})")
     raise InjectedFault(point, FAULT_ENV)

@@ -127,8 +127,10 @@ def start(work, on_progress=print):
             elif obj.get("event") == "done":
                 final = obj
     if final is None:
-        final = {"event": "done", "ok": False, "exit_code": EXIT_BUG,
-                 "message": f"the holder died without an answer: see {log_path(work.key)}"}
+        final = {"event": "done", "ok": False, "exit_code": GroupHeld.exit_code,
+                 "message": f"the holder died without an answer (its log: {log_path(work.key)}); "
+                            "`criu-gpushare status` shows the group, and `criu-gpushare resume` "
+                            "finishes its rollback from the journal"}
     return final
 
 

@@ -1,0 +1,96 @@
+"""No single point of failure: the holder SIGKILLed at each phase of suspend or resume, then
+`criu-gpushare resume PID` (in a new process, from the journal and the store) brings the workload
+back with its memory intact and its sharing live."""
+import os
+import signal
+
+import pytest
+
+from lctest import assert_shared, resume, shim_state, share, suspend, values, write
+
+
+def pair(lc, workload, tmp_path):
+    a, b = workload(), workload()
+    share(a, b, tmp_path)
+    write(a, "buf", 42)
+    return a, b
+
+
+def assert_back(lc, a, b):
+    assert values(b, "buf") == [42] * 4
+    assert values(a, "buf") == [42] * 4
+    assert shim_state(lc, a.pid) == "running" and shim_state(lc, b.pid) == "running"
+    assert not [f for f in os.listdir(lc.run_dir) if f.startswith(("pid-", "journal-"))]
+    assert_shared(a, b)
+
+
+@pytest.mark.parametrize("phase", ["quiesce", "copy", "save", "release", "void", "lock", "freeze",
+                                   "checkpoint"])
+def test_holder_killed_during_suspend(lc, workload, tmp_path, phase):
+    a, b = pair(lc, workload, tmp_path)
+    r = suspend(lc, a.pid, b.pid, ok=False, env=dict(lc.tool, CRIU_GPUSHARE_FAULT=f"{phase}:kill"))
+    assert r.returncode == 14, r.stderr  # GroupHeld: the holder died, the journal holds the group
+    assert "criu-gpushare resume" in r.stderr
+    status = lc.cli("status", a.pid)
+    assert "criu-gpushare (suspend of group" in status.stdout, status.stdout
+    r = resume(lc, a.pid)
+    assert "resuming from its journal" in r.stderr
+    assert_back(lc, a, b)
+
+
+def test_holder_killed_while_holding(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    suspend(lc, a.pid, b.pid)
+    for pid in lc.holder_pids():
+        os.kill(pid, signal.SIGKILL)
+    resume(lc, b.pid)
+    assert_back(lc, a, b)
+
+
+@pytest.mark.parametrize("phase", ["restore", "unlock", "thaw", "recreate", "load", "attach"])
+def test_holder_killed_during_resume(lc, workload, tmp_path, phase):
+    a, b = pair(lc, workload, tmp_path)
+    suspend(lc, a.pid, b.pid, env=dict(lc.tool, CRIU_GPUSHARE_FAULT=f"{phase}:kill"))
+    r = resume(lc, a.pid, ok=False)
+    assert r.returncode != 0
+    resume(lc, a.pid)  # the holder is gone: this one finishes from the journal
+    assert_back(lc, a, b)
+
+
+def test_a_second_suspend_of_a_suspended_pid_is_refused(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    suspend(lc, a.pid, b.pid)
+    r = suspend(lc, b.pid, ok=False)
+    assert r.returncode == 5 and "already being handled" in r.stderr, r.stderr
+    resume(lc, a.pid)
+    assert_back(lc, a, b)
+
+
+def test_suspend_of_a_process_without_cuda_leaves_nothing(lc, tmp_path):
+    import subprocess
+    import sys
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        r = lc.cli("suspend", p.pid)
+        assert r.returncode == 5 and "nothing to suspend" in r.stderr, r.stderr
+        assert os.listdir(lc.run_dir) == []
+    finally:
+        p.kill()
+        p.wait()
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e10", "0", "-1"])
+def test_bad_timeouts_are_refused_before_anything_changes(lc, workload, tmp_path, value):
+    a, b = pair(lc, workload, tmp_path)
+    r = suspend(lc, a.pid, b.pid, ok=False, args=("--timeout", value))
+    assert r.returncode == 2 and "--timeout" in r.stderr, r.stderr
+    assert_back(lc, a, b)
+
+
+def test_a_bug_in_a_step_is_rolled_back(lc, workload, tmp_path):
+    """Any exception, not only the tool's own errors, ends in a full rollback."""
+    a, b = pair(lc, workload, tmp_path)
+    env = dict(lc.tool, CRIU_GPUSHARE_FAULT="lock:bug")
+    r = suspend(lc, a.pid, b.pid, ok=False, env=env)
+    assert "failed at step lock" in r.stderr and "rolled back" in r.stderr, r.stderr
+    assert_back(lc, a, b)
