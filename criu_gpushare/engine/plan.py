@@ -47,6 +47,7 @@ class Unit:
     size: int
     device: int
     origin: tuple   # (pid, allocation id) that importers name
+    gpu: str = None  # the UUID of device, as the owner's shim reports it
 
     @property
     def key(self):
@@ -100,6 +101,25 @@ def unit_state(u):
 
 def unit_from_state(d):
     return Unit(**dict(d, origin=tuple(d["origin"])))
+
+
+def remap_state(state, pids):
+    """A group's state (Group.state()) with its pids replaced through pids ({old: new}): a tree
+    restored by CRIU into a new pid namespace has other pids than at its dump, as seen from here."""
+    def p(pid):
+        return pids.get(pid, pid)
+    return dict(state,
+                pids=sorted(p(x) for x in state["pids"]),
+                members=[dict(m, pid=p(m["pid"])) for m in state["members"]],
+                units=[dict(u, owner=p(u["owner"]), origin=[p(u["origin"][0]), u["origin"][1]])
+                       for u in state["units"]],
+                attachments=[dict(a, importer=p(a["importer"]), unit=_remap_key(a["unit"], p))
+                             for a in state["attachments"]])
+
+
+def _remap_key(key, p):
+    owner, rest = key.split(":", 1)
+    return f"{p(int(owner))}:{rest}"
 
 
 def attachment_state(a):
@@ -164,7 +184,7 @@ def make_plan(members):
     units, by_origin = [], {}
     for m in sorted(members, key=lambda m: m.pid):
         for a in (m.status or {}).get("allocations", []):
-            u = Unit(m.pid, "allocation", a["id"], a["size"], a["device"], (m.pid, a["id"]))
+            u = Unit(m.pid, "allocation", a["id"], a["size"], a["device"], (m.pid, a["id"]), a.get("gpu"))
             units.append(u)
             by_origin[u.origin] = u
     attachments = []
@@ -173,7 +193,8 @@ def make_plan(members):
             origin = (imp["exporter"]["pid"], imp["exporter"]["id"])
             unit = by_origin.get(origin)
             if unit is None:  # the exporter freed it: this importer adopts it
-                unit = Unit(m.pid, "import", imp["id"], imp["size"], _import_device(m, imp), origin)
+                unit = Unit(m.pid, "import", imp["id"], imp["size"], _import_device(m, imp), origin,
+                            imp.get("gpu"))
                 units.append(unit)
                 by_origin[origin] = unit
             else:

@@ -77,6 +77,32 @@ def gpus():
     return out
 
 
+def gpu_inventory():
+    """[{"uuid", "name", "memory" (total bytes)}] of the visible GPUs, in this process's order."""
+    cu = driver()
+    out = []
+    for i, name, uuid in gpus():
+        dev = check(cu.cuDeviceGet(i), "cuDeviceGet")
+        out.append({"uuid": uuid, "name": name, "memory": int(check(cu.cuDeviceTotalMem(dev), "cuDeviceTotalMem"))})
+    return out
+
+
+def free_memory(ordinal):
+    """Free bytes on GPU `ordinal` now (through its primary context, retained and released)."""
+    cu = driver()
+    dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
+    ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    try:
+        check(cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
+        try:
+            free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
+        finally:
+            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
+    finally:
+        cu.cuDevicePrimaryCtxRelease(dev)
+    return int(free)
+
+
 def format_uuid(raw):
     """16 bytes as nvidia-smi prints them: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx."""
     h = bytes(raw).hex()

@@ -317,9 +317,42 @@ class Workload:
         ok(cu.cuMulticastUnbind(b["mc"], ok(cu.cuDeviceGet(0)), 0, b["size"]))
 
 
+def _run_command(w, words):
+    try:
+        res = getattr(w, "cmd_" + words[0])(*words[1:]) or {}
+        res["ok"] = True
+    except CudaError as e:
+        res = {"ok": False, "error": str(e)}
+    except Exception as e:  # a test bug: report it, keep serving
+        res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    return res
+
+
+def _serve_socket(w, path):
+    """One command per connection on a unix socket at path: a workload CRIU can dump (no pipe to
+    the test; the test connects only between dumps)."""
+    import socket
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)  # bound at its final name: CRIU finds a socket by the name it was bound to
+    listener.listen(4)
+    while True:
+        conn, _ = listener.accept()
+        with conn, conn.makefile("rw") as f:
+            words = f.readline().split()
+            if not words:
+                continue
+            if words[0] == "exit":
+                f.write(json.dumps({"ok": True}) + "\n")
+                return
+            f.write(json.dumps(_run_command(w, words)) + "\n")
+
+
 def main(workload_class=None):
-    """Serve commands from stdin until `exit` (workload_class: a Workload subclass with more)."""
+    """Serve commands from stdin until `exit` (workload_class: a Workload subclass with more);
+    with `--socket PATH`, from a unix socket at PATH instead."""
     w = (workload_class or Workload)()
+    if len(sys.argv) == 3 and sys.argv[1] == "--socket":
+        return _serve_socket(w, sys.argv[2])
     print(json.dumps({"ok": True, "pid": os.getpid()}), flush=True)
     for line in sys.stdin:
         words = line.split()
@@ -327,14 +360,7 @@ def main(workload_class=None):
             continue
         if words[0] == "exit":
             break
-        try:
-            res = getattr(w, "cmd_" + words[0])(*words[1:]) or {}
-            res["ok"] = True
-        except CudaError as e:
-            res = {"ok": False, "error": str(e)}
-        except Exception as e:  # a test bug: report it, keep serving
-            res = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-        print(json.dumps(res), flush=True)
+        print(json.dumps(_run_command(w, words)), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,118 @@
+"""A CRIU dump's GPU side, in whichever process runs it: `criu-gpushare dump` itself (CRIU's RPC
+notifications arrive in that process) or the holder that the hook's `pre-dump` starts.
+
+  begin()       at pre-dump, tasks running: the CRIU_PRE_DUMP steps on the tree's processes with
+                CUDA state (their GPU memory to the store, then the driver's checkpoint, so that CRIU
+                finds no GPU mapping and no /dev/nvidia* fd), and the record in the image directory.
+                A failure rolls back: CRIU aborts the dump, the workload runs as before.
+  complete()    at post-dump, tasks seized: the store is durable, the dump is marked complete.
+  after_criu()  once CRIU has let go of the tasks (its exit): tasks still alive (--leave-running,
+                or a dump that failed after pre-dump, which runs no action at all) get their GPU
+                state back in place; a dump that did not complete leaves no ref in the store.
+CRIU holds the tasks seized between pre-dump and its exit, and no driver checkpoint call can run on
+a seized task: that is why the GPU state comes back only after CRIU is done.
+"""
+import time
+
+from ..errors import GroupHeld, StoreError
+from ..gpu.driver import gpu_inventory
+from ..shimctl import client as control
+from ..shimctl.processes import process_tree, uses_cuda
+from ..store.store import Store
+from . import journal as jn, record
+from .runner import Runner
+from .steps import CRIU_PRE_DUMP, Group, Options
+
+
+def cuda_pids(root_pid):
+    """The processes of root_pid's tree with libcuda loaded (no CUDA call: safe before a fork)."""
+    out = []
+    for pid in process_tree(root_pid):
+        try:
+            if uses_cuda(pid):
+                out.append(pid)
+        except Exception:
+            continue  # exited meanwhile: CRIU will notice on its own
+    return out
+
+
+class DumpJob:
+    def __init__(self, root_pid, images_dir, store, verify=True, timeout_s=60.0, report=print):
+        self.root_pid, self.images_dir = root_pid, images_dir
+        self.report = report
+        self.ref = f"dump-{root_pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+        self.options = Options(store=store, timeout_s=timeout_s, ref=self.ref, verify=verify)
+        self.journal = self.group = None
+        self.completed = False
+
+    def begin(self):
+        """-> True when the tree had GPU state (then after_criu must run once CRIU exits)."""
+        pids = process_tree(self.root_pid)
+        self.journal = jn.Journal.create("dump", pids, jn.DUMPING, store=self.options.store,
+                                         ref=self.ref, verify=self.options.verify,
+                                         images_dir=self.images_dir)
+        try:
+            self.group = Group(pids, self.options, self.report)
+            self.group.discover()
+            manifest_id = None
+            if self.group.has_gpu_state:
+                self.journal.set(group=self.group.state())
+                Runner(self.group, self.journal).run(CRIU_PRE_DUMP, verb="dump")
+                manifest_id = self.group.manifest_id
+            nspids = {p: control.ns_pid(p) for p in pids}
+            gpus = gpu_inventory() if self.group.has_gpu_state else []
+            record.write(self.images_dir, record.make(self.group, self.options.store, self.ref,
+                                                      manifest_id, gpus, nspids, control.PROTOCOL))
+        except GroupHeld as e:
+            self.journal.set(state=jn.HELD, error=str(e))
+            raise
+        except BaseException:
+            self._undo_quietly()
+            raise
+        if not self.group.has_gpu_state:
+            self.journal.close()
+            return False
+        self.journal.set(state=jn.DUMPED)
+        return True
+
+    def _undo_quietly(self):
+        """A failure after the steps succeeded (writing the record): undo them, then let go."""
+        if self.group is not None and self.group.done:
+            try:
+                Runner(self.group, self.journal).undo(verb="dump rollback")
+            except BaseException as e:
+                self.journal.set(state=jn.HELD, error=str(e))
+                raise
+        self._drop_ref()
+        self.journal.close()
+
+    def complete(self):
+        """post-dump: make the store durable before CRIU reports success."""
+        with Store.open(self.options.store) as store:
+            store.read_ref(self.ref)  # the ref a restore needs must be there
+            store.sync()
+        self.completed = True
+        self.journal.set(completed=True)
+
+    def after_criu(self):
+        """CRIU has exited: give running tasks their GPU state back; drop an incomplete dump."""
+        alive = self.journal.processes_alive()
+        if alive:
+            self.report(f"CRIU is done and process(es) {', '.join(map(str, alive))} run on: "
+                        "bringing their GPU state back")
+            self.journal.set(state=jn.RESUMING)
+            try:
+                Runner(self.group, self.journal).undo(verb="resume after the dump")
+            except BaseException as e:
+                self.journal.set(state=jn.SUSPENDED, error=str(e))
+                raise
+        if not self.completed:
+            self._drop_ref()
+        self.journal.close()
+
+    def _drop_ref(self):
+        try:
+            with Store.open(self.options.store) as store:
+                store.remove_ref(self.ref)
+        except StoreError:
+            pass  # never written, or the store is gone: nothing refers to it

@@ -1,0 +1,76 @@
+"""The record a dump leaves in a CRIU image directory: `criu-gpushare.json`.
+
+It is what a restore, in a new process and maybe on another machine, needs besides CRIU's own
+images and the chunk store: where the GPU memory is (store path, ref, manifest id), the group's
+plan and the steps its dump took (so the restore runs exactly their undo), the GPUs by UUID with
+their model and memory, and the processes by pid (host pid and pid in their own namespace).
+
+  {"format": 1, "tool": "0.1.0", "protocol": 2, "created": 1764750000.0,
+   "gpu_state": true,                  # false: the tree had libcuda loaded but no GPU state
+   "store": "/var/lib/criu-gpushare/store", "ref": "dump-1234-...", "manifest": "<id>",
+   "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H200", "memory": 150754820096}],
+   "processes": [{"pid": 1234, "nspid": 1234}, ...],
+   "group": {...}}                     # engine/steps.py Group.state()
+
+Written atomically and durably; read back with every field checked (ImageError names what is
+wrong).
+"""
+import json
+import os
+import time
+
+from .. import __version__
+from ..errors import ImageError
+
+RECORD_NAME = "criu-gpushare.json"
+FORMAT = 1
+_REQUIRED = {"format": int, "gpu_state": bool, "store": str, "ref": str, "gpus": list,
+             "processes": list, "group": dict}
+
+
+def make(group, store, ref, manifest_id, gpus, nspids, protocol):
+    return {"format": FORMAT, "tool": __version__, "protocol": protocol, "created": time.time(),
+            "gpu_state": group.has_gpu_state, "store": os.path.abspath(store), "ref": ref,
+            "manifest": manifest_id, "gpus": gpus,
+            "processes": [{"pid": p, "nspid": nspids.get(p, p)} for p in group.pids],
+            "group": group.state()}
+
+
+def write(images_dir, record):
+    path = os.path.join(images_dir, RECORD_NAME)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, path)
+    fd = os.open(images_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read(images_dir):
+    """The record of images_dir; ImageError when it is missing (an image made without
+    criu-gpushare), unreadable, or of a format this version does not know."""
+    path = os.path.join(images_dir, RECORD_NAME)
+    try:
+        with open(path) as f:
+            record = json.load(f)
+    except FileNotFoundError:
+        raise ImageError(images_dir, f"has no {RECORD_NAME}: it was not dumped through "
+                         "criu-gpushare (criu-gpushare dump, or criu dump --action-script "
+                         "criu-gpushare-hook)") from None
+    except (OSError, ValueError) as e:
+        raise ImageError(images_dir, f"{RECORD_NAME} cannot be read: {e}") from None
+    if not isinstance(record, dict):
+        raise ImageError(images_dir, f"{RECORD_NAME} is not a JSON object")
+    for key, kind in _REQUIRED.items():
+        if not isinstance(record.get(key), kind):
+            raise ImageError(images_dir, f"{RECORD_NAME}: field {key!r} is missing or not a {kind.__name__}")
+    if record["format"] != FORMAT:
+        raise ImageError(images_dir, f"{RECORD_NAME} is of format {record['format']}; this "
+                         f"criu-gpushare ({__version__}) reads format {FORMAT}")
+    return record

@@ -1,0 +1,94 @@
+"""A CRIU restore's GPU side: `check` before CRIU restores anything, `run` once the tasks run.
+
+  check(images_dir)   pre-restore: the image's record (engine/record.py) is there and readable, the
+                      store holds its manifest and every chunk (stat only), and every GPU the group
+                      used is here (by UUID, or mapped with --gpu-map OLD=NEW), of the same model,
+                      with room for the memory that comes back. Refusing here restores nothing.
+  run(record, root)   post-resume (tasks running, their GPU work held at the shims' gates): the
+                      undo of the dump's steps, in a new process and maybe on another machine:
+                      driver restore of every process, unlock, re-create, load, re-attach, reopen.
+                      It runs under a journal of kind "restore": a failure leaves the processes
+                      held (gates closed) and `criu-gpushare resume PID` retries it.
+"""
+from ..errors import ImageError, StoreError
+from ..gpu import driver as drv
+from ..shimctl import client as control
+from ..shimctl.processes import process_tree
+from ..store.store import Store
+from ..store.verify import check_present
+from . import journal as jn, plan, record
+from .steps import Group, Options
+from .suspension import resume_group
+
+_MAX_LISTED = 5
+
+
+def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
+    """The image's record when it has GPU state to bring back, else None; ImageError/StoreError
+    saying what is wrong. has_libcuda() tells whether an image without a record needs one."""
+    try:
+        rec = record.read(images_dir)
+    except ImageError as e:
+        if "has no" in str(e) and has_libcuda is not None and not has_libcuda():
+            return None  # no CUDA anywhere in the tree: nothing for us to do
+        raise
+    if not rec["gpu_state"]:
+        return None
+    store_path = store_path or rec["store"]
+    with Store.open(store_path) as store:
+        manifest = store.read_manifest(store.read_ref(rec["ref"]).manifest)
+        problems = check_present(store, manifest)
+    if problems:
+        listed = "; ".join(str(p.as_dict()) for p in problems[:_MAX_LISTED])
+        raise StoreError(f"{store_path}: {len(problems)} chunk(s) of {rec['ref']} cannot be read "
+                         f"({listed}); nothing was restored")
+    _check_gpus(images_dir, rec, gpu_map or {})
+    return rec
+
+
+def _check_gpus(images_dir, rec, gpu_map):
+    here = {g["uuid"]: (i, g) for i, g in enumerate(drv.gpu_inventory())}
+    then = {g["uuid"]: g for g in rec["gpus"]}
+    need = {}
+    for u in rec["group"]["units"]:
+        uuid = u.get("gpu") or (rec["gpus"][u["device"]]["uuid"] if u["device"] < len(rec["gpus"]) else None)
+        need[uuid] = need.get(uuid, 0) + u["size"]
+    used = set(need) | (set(then) if any(m["cuda"] and not m["served"] for m in rec["group"]["members"]) else set())
+    for uuid in sorted(u for u in used if u):
+        target = gpu_map.get(uuid, uuid)
+        if target not in here:
+            raise ImageError(images_dir, f"its GPU {uuid} ({then.get(uuid, {}).get('name', '?')}) is "
+                             "not on this machine: restore it with --gpu-map "
+                             f"{uuid}=<UUID of a GPU here> (here: {', '.join(here) or 'none'})")
+        ordinal, gpu = here[target]
+        model = then.get(uuid, {}).get("name")
+        if model and gpu["name"] != model:
+            raise ImageError(images_dir, f"its GPU {uuid} was a {model}; {target} here is a "
+                             f"{gpu['name']}: GPU state cannot move between models")
+        free = drv.free_memory(ordinal)
+        if need.get(uuid, 0) > free:
+            raise ImageError(images_dir, f"needs {need[uuid] / 2**30:.2f} GiB on GPU {target}, "
+                             f"which has {free / 2**30:.2f} GiB free")
+
+
+def pid_map(rec, root_pid):
+    """{pid at dump: pid now} through each process's pid in its own namespace (NSpid)."""
+    now = {control.ns_pid(p): p for p in process_tree(root_pid)}
+    out = {}
+    for proc in rec["processes"]:
+        if proc["nspid"] not in now:
+            raise ImageError("record", f"process {proc['pid']} (pid {proc['nspid']} in its "
+                             "namespace) of the dump is not in the restored tree")
+        out[proc["pid"]] = now[proc["nspid"]]
+    return out
+
+
+def run(rec, root_pid, store_path=None, gpu_map=None, verify=True, report=print):
+    """Bring the GPU state of a restored tree back; -> summary. RestoreIncomplete on failure."""
+    state = plan.remap_state(rec["group"], pid_map(rec, root_pid))
+    options = Options(store=store_path or rec["store"], ref=rec["ref"], gpu_map=gpu_map or None,
+                      verify=verify)
+    group = Group.from_state(state, options, report)
+    journal = jn.Journal.create("restore", group.pids, jn.SUSPENDED, store=options.store,
+                                ref=options.ref, verify=verify, group=group.state())
+    return resume_group(group, journal)
