@@ -7,14 +7,19 @@ environment and the config file matter):
      CRIU_GPUSHARE_CACHE_LIMIT, CRIU_GPUSHARE_GC_GRACE, CRIU_GPUSHARE_VERIFY
   3. the config file: $CRIU_GPUSHARE_CONFIG (must exist when set), else
      /etc/criu-gpushare/config.toml (optional)
-  4. the embedded default: store /var/lib/criu-gpushare/store, no cache, gc grace 1h, no verify
+  4. the embedded default: store /var/lib/criu-gpushare/store, no cache, gc grace 1h, verify on
+
+verify: every chunk a restore or resume reads is re-hashed (XXH3-128) and checked against its name
+before its bytes go to the GPU; a mismatch fails the restore naming the chunk and its file. It is
+on by default. `verify = false` in the config file or CRIU_GPUSHARE_VERIFY=0 turns the hashing off
+(sizes are still checked): only for a store you trust not to rot, when hashing limits restore speed.
 
 Config file (TOML; every key optional):
 
     [store]
     path = "/var/lib/criu-gpushare/store"
     gc_grace = "1h"          # seconds, or a number with s, m, h or d
-    verify = false           # re-hash every chunk a restore reads
+    verify = true            # re-hash every chunk a restore reads (default; false skips it)
 
     [cache]
     path = "/var/cache/criu-gpushare"
@@ -45,7 +50,7 @@ _KEYS = [
     ("cache", "cache", "path", ENV_CACHE, "path"),
     ("cache_limit", "cache", "limit", ENV_CACHE_LIMIT, "size"),
 ]
-_DEFAULTS = {"store": DEFAULT_STORE, "gc_grace_s": DEFAULT_GC_GRACE_S, "verify": False,
+_DEFAULTS = {"store": DEFAULT_STORE, "gc_grace_s": DEFAULT_GC_GRACE_S, "verify": True,
              "cache": None, "cache_limit": None}
 
 

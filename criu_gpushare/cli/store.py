@@ -11,6 +11,7 @@ import click
 from ..config import load_settings, parse_duration
 from ..errors import ConfigError, StoreError
 from ..store import NodeCache, Store, collect_garbage, disk_usage, prefetch, verify_store
+from ..store.holds import held_refs
 
 
 def human(n):
@@ -73,6 +74,7 @@ def ls(ctx, as_json):
     """List the checkpoints (refs) in the store; an unreadable one is listed with its error."""
     rows, broken = [], []
     with open_store(ctx) as st:
+        held = held_refs(st)
         for name in st.list_refs():
             try:
                 ref = st.read_ref(name)
@@ -85,10 +87,16 @@ def ls(ctx, as_json):
             rows.append({"name": name, "created": ref.created, "manifest": ref.manifest,
                          "processes": len(m.processes), "allocations": len(allocs),
                          "bytes": sum(a.size for a in allocs),
-                         "stored_bytes": sum(stored.values()), "meta": ref.meta})
+                         "stored_bytes": sum(stored.values()), "meta": ref.meta,
+                         "held_by": [], "held_short": "-"})
+            if name in held:  # only refs with hold files cost a read of them
+                live = [h for h in st.holds(name) if h.alive]
+                rows[-1]["held_by"] = [f"{h.kind} by pid {h.pid} on {h.host}" for h in live]
+                rows[-1]["held_short"] = ", ".join(f"{h.kind} (pid {h.pid})" for h in live) or "-"
     text = table([[r["name"], r["created"], r["processes"], r["allocations"], human(r["bytes"]),
-                   human(r["stored_bytes"])] for r in rows],
-                 ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED"], right={2, 3, 4, 5})
+                   human(r["stored_bytes"]), r.pop("held_short")] for r in rows],
+                 ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED", "HELD"],
+                 right={2, 3, 4, 5})
     text += "".join(f"\n{b['name']}: unreadable: {b['error']}" for b in broken)
     emit(as_json, {"store": st.path, "checkpoints": rows, "unreadable": broken}, text)
     if broken:
@@ -140,12 +148,15 @@ def gc(ctx, grace, dry_run, as_json):
            "chunks_kept_in_grace": r.chunks_kept_young, "chunks_removed": r.chunks_removed,
            "bytes_removed": r.bytes_removed, "manifests_removed": r.manifests_removed,
            "temp_files_removed": r.temps_removed, "stale_leases_removed": r.stale_leases_removed,
+           "live_holds": r.live_holds, "stale_holds_removed": r.stale_holds_removed,
            "ignored": r.ignored}
     verb = "would remove" if dry_run else "removed"
     text = (f"{verb} {r.chunks_removed} chunk(s) ({human(r.bytes_removed)}), "
             f"{r.manifests_removed} manifest(s), {r.temps_removed} temp file(s); kept "
             f"{r.chunks_kept} referenced chunk(s) of {r.refs} checkpoint(s) and "
-            f"{r.chunks_kept_young} in the grace period; {r.live_leases} dump(s) in progress")
+            f"{r.chunks_kept_young} in the grace period; {r.live_leases} dump(s) in progress; "
+            f"{r.live_holds} live hold(s), {r.stale_holds_removed} stale hold(s) "
+            f"{'to remove' if dry_run else 'removed'}")
     text += "".join(f"\nignored (not a regular file): {p}" for p in r.ignored)
     emit(as_json, doc, text)
 
@@ -201,6 +212,7 @@ def du(ctx, as_json):
         ["manifests", u.manifests, human(u.manifest_bytes)],
         ["temp files", u.temp_files, human(u.temp_bytes)],
         ["dumps in progress", u.leases, ""],
+        ["held checkpoints", u.held_refs, ""],
     ] + cache_rows
     emit(as_json, doc, table(rows, ["WHAT", "COUNT", "BYTES"], right={1, 2})
          + f"\ndedup ratio {u.dedup_ratio:.2f} (checkpointed bytes per stored byte)")
@@ -208,10 +220,19 @@ def du(ctx, as_json):
 
 @store.command()
 @click.argument("names", nargs=-1, required=True)
+@click.option("--force", is_flag=True,
+              help="Remove even a checkpoint a live suspension or dump holds (its resume will "
+                   "then fail once gc has run); warns naming each holder.")
 @click.pass_context
-def rm(ctx, names):
-    """Delete checkpoints NAMES from the store; their data goes at a later gc."""
+def rm(ctx, names, force):
+    """Delete checkpoints NAMES from the store; their data goes at a later gc.
+
+    A checkpoint that a live suspension or dump holds (store/FORMAT.md, "Holds") is refused,
+    naming each holder, unless --force.
+    """
     with open_store(ctx) as st:
         for name in names:
-            st.remove_ref(name)
+            for h in st.remove_ref(name, force=force):
+                click.echo(f"warning: {name} was held: {h.describe()}; removed anyway (--force)",
+                           err=True)
             click.echo(f"removed {name}")

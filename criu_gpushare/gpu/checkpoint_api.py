@@ -3,7 +3,8 @@
 Rules from the driver's behaviour (see README "Why it exists" and tests/probes):
 - Every call is made from this one long-lived process; several pids are handled at once by threads.
   Calls made at the same time from two *processes* never returned on driver 580 and ignored SIGTERM,
-  so a node-wide lock (DriverLock) keeps two criu-gpushare runs from overlapping.
+  so a node-wide lock (DriverLock) keeps two criu-gpushare runs from overlapping. Its file lives in
+  the tool's private state directory (0700, ours), so no other user can hold it or plant it.
 - A call that does not return in time cannot be cancelled: it is reported with the pid and the
   operation, and its thread is left behind (daemon) rather than blocking the tool for ever.
 - The caller must have called cuInit (restore needs it, or persistence mode).
@@ -13,13 +14,17 @@ import enum
 import errno
 import fcntl
 import os
+import stat
+import sys
 import threading
 import time
 
 from . import driver as drv
-from ..errors import BusyError, DriverError
+from ..errors import BusyError, DriverError, Error
 
-DEFAULT_LOCK_PATH = "/run/lock/criu-gpushare-driver.lock"
+#: The node-wide driver lock's file, in the tool's private state directory (as root).
+DEFAULT_LOCK_PATH = "/run/criu-gpushare/driver.lock"
+DRIVER_LOCK_NAME = "driver.lock"
 
 
 class State(enum.Enum):
@@ -197,36 +202,142 @@ def raise_first(results):
         raise DriverError(detail) from next(iter(failed.values()))
 
 
+def default_state_dir():
+    """The tool's private state directory, by the same rule as the engine's holder:
+    $CRIU_GPUSHARE_RUN_DIR, else /run/criu-gpushare as root, else $XDG_RUNTIME_DIR/criu-gpushare,
+    else /tmp/criu-gpushare-<uid>."""
+    if os.environ.get("CRIU_GPUSHARE_RUN_DIR"):
+        return os.environ["CRIU_GPUSHARE_RUN_DIR"]
+    if os.geteuid() == 0:
+        return os.path.dirname(DEFAULT_LOCK_PATH)
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(base, "criu-gpushare") if base else f"/tmp/criu-gpushare-{os.geteuid()}"
+
+
+def open_private_dir(path):
+    """Open (making it, mode 0700, when missing) a directory only we may use; its fd.
+
+    Refuses a symlink, a non-directory, one owned by another uid, or any mode but 0700: whoever
+    can write there could plant the lock file (a symlink, a FIFO) or hold it to block us.
+    """
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise Error(f"{path}: cannot create the state directory: {e.strerror}") from e
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        what = "is a symlink" if os.path.islink(path) else (e.strerror or str(e))
+        raise Error(f"{path}: {what}; the state directory must be a real directory owned by uid "
+                    f"{os.geteuid()} with mode 0700 (remove it, or set CRIU_GPUSHARE_RUN_DIR)") from e
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        os.close(fd)
+        raise Error(f"{path}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):04o}; "
+                    f"the state directory must be owned by uid {os.geteuid()} with mode 0700 "
+                    f"(someone else could plant or hold the driver lock): remove or fix it")
+    return fd
+
+
+def _my_command():
+    name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    words = [name] + [a for a in sys.argv[1:3] if not a.startswith("-")]
+    return " ".join(words)[:120].replace("\n", " ")
+
+
+def _stderr(message):
+    print(f"criu-gpushare: {message}", file=sys.stderr, flush=True)
+
+
 class DriverLock:
-    """Node-wide lock around driver checkpoint calls (flock on a file; released when we exit).
+    """Node-wide lock around driver checkpoint calls: an flock on `driver.lock` in the tool's
+    private state directory (mode 0700, ours), released when we exit.
 
     Two criu-gpushare processes on one node must never make checkpoint calls at the same time.
+    The holder writes "<pid> <command>" into the file once it has the lock; a waiter says once
+    who it waits for (`on_wait(message)`, default: a line on stderr), and its timeout (BusyError)
+    names the holder.
+
+    DriverLock()                    the default place (default_state_dir()/driver.lock)
+    DriverLock(state_dir=DIR)       DIR/driver.lock
+    DriverLock(PATH)                an explicit file; its directory is held to the same rules
     """
 
-    def __init__(self, path=DEFAULT_LOCK_PATH, timeout_s=600):
+    def __init__(self, path=None, timeout_s=600, *, state_dir=None, on_wait=None):
+        if path is None:
+            path = os.path.join(state_dir or default_state_dir(), DRIVER_LOCK_NAME)
         self.path, self.timeout_s, self.fd = path, timeout_s, None
+        self.on_wait = _stderr if on_wait is None else on_wait
+
+    def holder(self):
+        """(pid, command) written by the holder, or None when unknown (file empty)."""
+        try:
+            text = os.pread(self.fd, 512, 0).decode(errors="replace").strip()
+        except OSError:
+            return None
+        pid, _, cmd = text.partition(" ")
+        return (int(pid), cmd.strip() or "?") if pid.isdigit() else None
+
+    def _holder_text(self):
+        h = self.holder()
+        return f"pid {h[0]} ({h[1]})" if h else "an unknown process (it has just taken it)"
+
+    def _open(self):
+        directory, name = os.path.split(os.path.abspath(self.path))
+        dfd = open_private_dir(directory)
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | os.O_NONBLOCK, 0o600, dir_fd=dfd)
+        except OSError as e:
+            why = "is a symlink" if e.errno == errno.ELOOP else (e.strerror or str(e))
+            raise Error(f"{self.path}: {why}; refusing it as the driver lock") from e
+        finally:
+            os.close(dfd)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            raise Error(f"{self.path}: not a regular file of uid {os.geteuid()}; refusing it as "
+                        f"the driver lock (remove it)")
+        return fd
 
     def __enter__(self):
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        self.fd = self._open()
         deadline = time.monotonic() + self.timeout_s
+        first_busy, told = None, False
         while True:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except OSError as e:
                 if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() > deadline:
-                    holder = os.pread(self.fd, 32, 0).decode(errors="replace").strip() or "unknown"
                     os.close(self.fd)
-                    raise BusyError(f"another criu-gpushare (pid {holder}) holds {self.path} "
-                                    f"for driver checkpoint calls; waited {self.timeout_s}s") from e
-                time.sleep(0.1)
+                    self.fd = None
+                    raise
+            now = time.monotonic()
+            first_busy = now if first_busy is None else first_busy
+            # Say once who holds it; give a holder that just took it a moment to write its name.
+            if not told and (self.holder() is not None or now - first_busy > 1.0):
+                told = True
+                self.on_wait(f"waiting for the driver lock held by {self._holder_text()} "
+                             f"({self.path}; at most {self.timeout_s:g}s)")
+            if now > deadline:
+                who = self._holder_text()
+                os.close(self.fd)
+                self.fd = None
+                raise BusyError(f"the driver lock {self.path} is held by {who}, another "
+                                f"criu-gpushare making driver checkpoint calls; waited "
+                                f"{self.timeout_s:g}s")
+            time.sleep(0.05)
         os.ftruncate(self.fd, 0)
-        os.pwrite(self.fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(self.fd, f"{os.getpid()} {_my_command()}\n".encode(), 0)
         return self
 
     def __exit__(self, *exc):
+        try:
+            os.ftruncate(self.fd, 0)  # nobody holds it now
+        except OSError:
+            pass
         os.close(self.fd)  # closing drops the flock
         self.fd = None

@@ -20,13 +20,18 @@ from .layout import CHUNKS_DIR, chunk_id, fanout, is_chunk_id, is_temp_name
 class ChunkMissing(StoreError):
     """chunk store: {}"""
 
+    def __init__(self, message, chunk=None, path=None):
+        super().__init__(message)
+        self.chunk, self.path = chunk, path
+
 
 class ChunkDamaged(StoreError):
     """chunk store: {}"""
 
-    def __init__(self, message, kind):
+    def __init__(self, message, kind, chunk=None, path=None):
         super().__init__(message)
-        self.kind = kind  # "truncated", "corrupt" or "bad-file"
+        self.kind = kind  # "truncated", "corrupt", "bad-file" or "unreadable"
+        self.chunk, self.path = chunk, path  # the chunk id and its file
 
 
 _FANOUT_NAMES = frozenset(f"{i:02x}" for i in range(256))
@@ -202,30 +207,31 @@ class ChunkDir:
             raise
         except OSError as e:
             kind = "bad-file" if e.errno == errno.ELOOP else "unreadable"
-            raise ChunkDamaged(f"{path}: {fsutil.describe(e)}", kind) from e
+            raise ChunkDamaged(f"{path}: {fsutil.describe(e)}", kind, cid, path) from e
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise ChunkDamaged(f"{path}: not a regular file", "bad-file")
+                raise ChunkDamaged(f"{path}: not a regular file", "bad-file", cid, path)
             if st.st_size != len(view):
                 raise ChunkDamaged(f"{path}: {st.st_size} bytes, expected {len(view)} "
-                                   f"(truncated or damaged chunk)", "truncated")
+                                   f"(truncated or damaged chunk)", "truncated", cid, path)
             try:
                 n = fsutil.read_into(fd, view)
             except OSError as e:
                 raise StoreError(f"{path}: read failed: {fsutil.describe(e)}") from e
             if n != len(view):
                 raise ChunkDamaged(f"{path}: read {n} of {len(view)} bytes (truncated chunk)",
-                                   "truncated")
+                                   "truncated", cid, path)
         finally:
             os.close(fd)
 
     def check(self, cid, view):
-        """Raise StoreError unless `view` hashes to `cid`."""
+        """Raise ChunkDamaged (kind "corrupt") unless `view` hashes to `cid`."""
         got = chunk_id(view)
         if got != cid:
-            raise ChunkDamaged(f"{self.chunk_path(cid)}: content hashes to {got}, not to its "
-                               f"name (corrupted chunk)", "corrupt")
+            path = self.chunk_path(cid)
+            raise ChunkDamaged(f"{path}: chunk {cid} is corrupted: its content hashes to {got}",
+                               "corrupt", cid, path)
 
     def remove(self, name, fanout_name):
         dfd = self.fanout_fd(fanout_name)

@@ -2,6 +2,7 @@
 from dataclasses import asdict, dataclass
 
 from . import catalog
+from .holds import held_refs
 from .leases import scan_leases
 from .references import walk_refs
 
@@ -24,6 +25,7 @@ class Usage:
     temp_bytes: int = 0
     leases: int = 0
     unreadable_refs: int = 0
+    held_refs: int = 0           # refs with hold files (live or not yet swept by gc)
 
     @property
     def dedup_ratio(self):
@@ -66,4 +68,5 @@ def disk_usage(store):
             u.manifests += 1
             u.manifest_bytes += size
     u.leases = sum(1 for lease in scan_leases(store, 0, 0) if lease.held)
+    u.held_refs = len(held_refs(store))
     return u

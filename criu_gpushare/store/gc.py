@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from ..config import DEFAULT_GC_GRACE_S as DEFAULT_GRACE_S
 from ..errors import BusyError, StoreError
-from . import catalog, fsutil
+from . import catalog, fsutil, holds
 from .layout import GC_DIR, GC_LOCK, MANIFESTS_DIR, is_chunk_id
 from .leases import scan_leases
 
@@ -37,6 +37,8 @@ class GcReport:
     manifests_removed: int = 0
     temps_removed: int = 0
     restored_after_touch: int = 0
+    live_holds: int = 0
+    stale_holds_removed: int = 0
     ignored: list = field(default_factory=list)
 
 
@@ -144,7 +146,12 @@ def _collect(store, grace_s, dry_run, before_condemn):
             cutoff = min(cutoff, min(lease.started_ns for lease in live))
         report.cutoff_ns = cutoff
 
-        live_chunks, live_manifests = _mark(store, report)
+        # Holds: stale ones go; the manifest a live hold recorded is a root like a ref (so a
+        # held checkpoint survives even a ref removed behind the tool's back). Refs themselves
+        # are never removed by gc.
+        swept = holds.sweep(store, run.now_ns, dry_run)
+        report.live_holds, report.stale_holds_removed = len(swept.live), swept.stale_removed
+        live_chunks, live_manifests = _mark(store, report, swept.live)
 
         for f in store.chunks.scan():
             if not f.is_regular:
@@ -194,9 +201,19 @@ def _collect(store, grace_s, dry_run, before_condemn):
     return report
 
 
-def _mark(store, report):
-    """The chunk ids and manifest ids some ref reaches. Any unreadable one stops the gc."""
+def _mark(store, report, live_holds=()):
+    """The chunk ids and manifest ids some ref (or live hold) reaches. Any unreadable ref or
+    manifest stops the gc; a held manifest that is gone protects nothing."""
     live_chunks, live_manifests = set(), set()
+    for mid in sorted({h.manifest for h in live_holds if h.manifest}):
+        try:
+            manifest = store.read_manifest(mid)
+        except StoreError as e:
+            if "manifest missing" in str(e):
+                continue
+            raise StoreError(f"gc stopped before removing anything: {e} (named by a hold)") from e
+        live_manifests.add(mid)
+        live_chunks.update(cid for cid, _ in manifest.chunk_ids())
     for name in store.list_refs():
         try:
             ref = store.read_ref(name)

@@ -20,11 +20,13 @@ CHUNKS_DIR = "chunks"
 MANIFESTS_DIR = "manifests"
 REFS_DIR = "refs"
 LEASES_DIR = "leases"
+HOLDS_DIR = "holds"
 GC_DIR = "gc"
 GC_LOCK = "gc.lock"
 TEMP_SUFFIX = ".tmp"
 MANIFEST_SUFFIX = ".json"
 LEASE_SUFFIX = ".lease"
+HOLD_SUFFIX = ".hold"
 
 _ID_RE = re.compile(r"[0-9a-f]{32}\Z")
 _REF_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,199}\Z")

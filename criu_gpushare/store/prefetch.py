@@ -66,7 +66,7 @@ def prefetch(store, cache, refs=None, threads=8):
             buffers.buf = bytearray(CHUNK_SIZE_MAX)
         view = memoryview(buffers.buf)[:length]
         try:
-            store.read_chunk(cid, view)
+            store.read_chunk(cid, view, verify=False)  # hashed below
             if chunk_id(view) != cid:
                 raise StoreError(f"{store.chunks.chunk_path(cid)}: content does not match its "
                                  f"name (corrupted chunk); not cached")

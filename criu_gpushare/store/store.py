@@ -9,7 +9,8 @@ the same store):
         manifest = Manifest([ProcessEntry(pid, [Allocation.from_puts("va", results)])])
         session.commit("ckpt-42", manifest)             # sync, manifest, then ref
 
-and a restore: `store.get(chunk_id, pinned_view, verify=...)` for each chunk of its manifest.
+and a restore: `store.check_chunks(manifest)` (stat only) before anything changes, then
+`store.get(chunk_id, pinned_view)` for each chunk of its manifest (re-hashed unless verify=False).
 """
 import contextlib
 import json
@@ -18,7 +19,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import StoreError
-from . import catalog, fsutil
+from . import catalog, fsutil, holds
 from .chunkdir import ChunkDir, ChunkMissing
 from .leases import WriteSession
 from .results import PutResult, PutStatus, Source
@@ -162,12 +163,15 @@ class Store:
             with self._lock:
                 self._in_flight.pop(cid).set()
 
-    def get(self, cid, buf, verify=False):
+    def get(self, cid, buf, verify=True):
         """Read chunk `cid` into the writable buffer `buf` (exactly the chunk's length).
 
         Reads the node cache first when one is set (a hit refreshes its LRU time; a miss reads the
-        store and leaves the cache alone). With verify=True the bytes are re-hashed and a mismatch
-        is a StoreError naming the file. Returns the Source the bytes came from.
+        store and leaves the cache alone). By default the bytes are re-hashed, from the cache as
+        from the store: a damaged cached copy is dropped and the store read instead; a damaged
+        store chunk is a ChunkDamaged naming the chunk id and its file. verify=False (the setting
+        `verify = false`, CRIU_GPUSHARE_VERIFY=0) skips the hashing; sizes are always checked.
+        Returns the Source the bytes came from.
         """
         if not is_chunk_id(cid):
             raise StoreError(f"{self.path}: {cid!r} is not a chunk id")
@@ -179,12 +183,17 @@ class Store:
         self.read_chunk(cid, view, verify)
         return Source.STORE
 
-    def read_chunk(self, cid, view, verify=False):
-        """Read from the store itself (no cache); a missing chunk is a StoreError naming it."""
+    def read_chunk(self, cid, view, verify=True):
+        """Read from the store itself (no cache), re-hashed unless verify=False.
+
+        A missing chunk is a ChunkMissing, a damaged one (wrong size, wrong hash, not a regular
+        file) a ChunkDamaged; both name the chunk id and its file (attributes .chunk, .path).
+        """
         try:
             self.chunks.read(cid, view)
         except FileNotFoundError:
-            raise ChunkMissing(f"{self.chunks.chunk_path(cid)}: chunk missing") from None
+            path = self.chunks.chunk_path(cid)
+            raise ChunkMissing(f"{path}: chunk {cid} missing", cid, path) from None
         if verify:
             self.chunks.check(cid, view)
 
@@ -217,8 +226,30 @@ class Store:
     def list_refs(self):
         return catalog.list_refs(self)
 
-    def remove_ref(self, name):
-        catalog.remove_ref(self, name)
+    def remove_ref(self, name, force=False):
+        """Delete checkpoint `name`. A live hold (a running suspension or dump) makes it a RefHeld
+        error naming each holder, unless force: then the ref and its hold files go, and the live
+        holds overridden are returned (a list of HoldInfo) for the caller to warn about."""
+        return holds.remove_ref(self, name, force)
+
+    # -- holds: what keeps a checkpoint from rm (see holds.py) ----------------------------------
+
+    def hold(self, ref, kind, pid=None, meta=None):
+        """Hold checkpoint `ref` for process `pid` (default: this process) as a "suspension" or a
+        "dump": `store rm` refuses it while the holder lives. Returns a Hold; call .release()
+        (or use it as a context manager) when done. May be taken before the ref is committed."""
+        return holds.take(self, ref, kind, pid, meta)
+
+    def holds(self, ref):
+        """The holders of `ref`: a HoldInfo each (.alive, .kind, .pid, .host, .describe())."""
+        return holds.list_holds(self, ref)
+
+    def check_chunks(self, manifest):
+        """Every problem that would keep a restore of `manifest` from reading its chunks (missing,
+        wrong size, not a file, foreign owner, unreadable), found with stat only: a list of
+        verify.Problem (.kind, .chunk, .path, .detail), empty when all is well."""
+        from .verify import check_chunks
+        return check_chunks(self, manifest)
 
     def begin_write(self, purpose=""):
         """A WriteSession: holds a lease so that gc keeps every chunk it puts until it commits."""

@@ -1,10 +1,12 @@
 """verify: re-hash chunks and name every one that is missing, truncated or corrupted."""
 import os
+import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..errors import StoreError
+from . import fsutil
 from .chunkdir import ChunkDamaged, ChunkMissing
 from .layout import CHUNK_SIZE_MAX, chunk_id
 from .references import walk_refs
@@ -12,7 +14,7 @@ from .references import walk_refs
 
 @dataclass
 class Problem:
-    kind: str       # missing | truncated | corrupt | bad-file | ref | unreadable
+    kind: str       # missing | truncated | corrupt | bad-file | foreign | ref | unreadable
     path: str
     detail: str
     chunk: object = None
@@ -35,9 +37,15 @@ class VerifyReport:
         return not self.problems
 
 
-def check_present(store, manifest):
-    """Problems that keep a restore of `manifest` from reading every chunk: missing chunks and
-    chunk files of the wrong size or kind. Only stats files (fast: for a pre-restore check)."""
+def check_chunks(store, manifest):
+    """Problems that keep a restore of `manifest` from reading every chunk, found without reading
+    a byte (one lstat per distinct chunk: fast enough to run before a resume changes anything).
+
+    Each Problem names the chunk id and its file; kinds: missing, truncated (any wrong size),
+    bad-file (a symlink or other non-file under the chunk's name), foreign (the file or its
+    fan-out directory is owned by a user other than root or us, or writable by group or others:
+    FORMAT.md "Trust model"), unreadable (we may not read it).
+    """
     problems, seen = [], set()
     for cid, length in manifest.chunk_ids():
         if cid not in seen:
@@ -48,16 +56,38 @@ def check_present(store, manifest):
     return problems
 
 
+#: The name this check had first; same function.
+check_present = check_chunks
+
+
 def _presence_problem(store, cid, length):
     path = store.chunks.chunk_path(cid)
     try:
         st = store.chunks.stat(cid)
-    except StoreError as e:  # a symlink or other non-file under the chunk's name
-        return Problem("bad-file", path, str(e.args[0]).split(": ", 1)[-1], cid)
+    except StoreError as e:
+        detail = str(e.args[0]).split(": ", 1)[-1]
+        if "owned by uid" in detail or "writable by group" in detail:  # the fan-out directory
+            return Problem("foreign", path, f"{os.path.dirname(path)}: {detail}", cid)
+        return Problem("bad-file", path, detail, cid)  # a symlink or other non-file
     if st is None:
-        return Problem("missing", path, "chunk missing", cid)
+        return Problem("missing", path, f"chunk {cid} missing", cid)
     if st.st_size != length:
         return Problem("truncated", path, f"{st.st_size} bytes, expected {length}", cid)
+    me = os.geteuid()
+    dfd = store.chunks.fanout_fd(cid[:2])
+    try:  # opened (and checked) earlier maybe: check the directory as it is now
+        fsutil.check_trusted(dfd, os.path.dirname(path))
+    except StoreError as e:
+        return Problem("foreign", path, str(e.args[0]), cid)
+    if st.st_uid not in (0, me):
+        return Problem("foreign", path, f"owned by uid {st.st_uid}, not by root or by us "
+                                        f"(uid {me}): whoever owns it decides what a restore loads",
+                       cid)
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return Problem("foreign", path, f"writable by group or others (mode "
+                                        f"{stat.S_IMODE(st.st_mode):04o})", cid)
+    if me != 0 and not os.access(cid, os.R_OK, dir_fd=dfd, follow_symlinks=False):
+        return Problem("unreadable", path, "no read permission", cid)
     return None
 
 
@@ -107,12 +137,12 @@ def verify_store(store, refs=None, all_chunks=False, threads=4, quick=False):
                 buffers.buf = bytearray(CHUNK_SIZE_MAX)
             view = memoryview(buffers.buf)[:length]
             try:
-                store.read_chunk(cid, view)
+                store.read_chunk(cid, view, verify=False)  # hashed below
                 got = chunk_id(view)
                 if got != cid:
                     problem = Problem("corrupt", path, f"content hashes to {got}", cid)
             except ChunkMissing:
-                problem = Problem("missing", path, "chunk missing", cid)
+                problem = Problem("missing", path, f"chunk {cid} missing", cid)
             except ChunkDamaged as e:
                 problem = Problem(e.kind, path, str(e.args[0]).split(": ", 1)[-1], cid)
             except StoreError as e:

@@ -1,4 +1,6 @@
 """The checkpoint API wrapper's pure parts: GPU maps, the node-wide driver lock, per-pid results."""
+import os
+import stat
 import subprocess
 import sys
 import time
@@ -6,7 +8,7 @@ import time
 import pytest
 
 from criu_gpushare.gpu import checkpoint_api as ck
-from criu_gpushare.errors import BusyError, DriverError
+from criu_gpushare.errors import BusyError, DriverError, Error
 
 A, B, C = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000", \
     "GPU-cccccccc-0000-0000-0000-000000000000"
@@ -69,3 +71,115 @@ with DriverLock({path!r}):
         holder.wait()
     with ck.DriverLock(path, timeout_s=5):  # free again once the holder is gone
         pass
+
+
+# -- the node-wide driver lock: private directory, no planted files, says who holds it ----------
+
+def private_dir(tmp_path, name="run"):
+    d = tmp_path / name
+    d.mkdir(mode=0o700)
+    return d
+
+
+def test_driver_lock_lives_in_the_private_state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(tmp_path / "run"))
+    lock = ck.DriverLock()
+    assert lock.path == str(tmp_path / "run" / "driver.lock")
+    with lock:
+        st = os.stat(lock.path)
+        assert stat.S_IMODE(st.st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(tmp_path / "run").st_mode) == 0o700
+        assert open(lock.path).read().startswith(f"{os.getpid()} ")
+    monkeypatch.delenv("CRIU_GPUSHARE_RUN_DIR")
+    if os.geteuid() == 0:
+        assert ck.DriverLock().path == "/run/criu-gpushare/driver.lock" == ck.DEFAULT_LOCK_PATH
+    assert ck.DriverLock(state_dir=str(tmp_path)).path == str(tmp_path / "driver.lock")
+
+
+def test_a_waiter_says_once_who_holds_the_lock_and_the_timeout_names_it(tmp_path):
+    path = str(private_dir(tmp_path) / "driver.lock")
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+sys.argv = ["criu-gpushare", "suspend", "4242"]
+from criu_gpushare.gpu.checkpoint_api import DriverLock
+with DriverLock({path!r}):
+    print('held', flush=True); time.sleep(30)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        said = []
+        with pytest.raises(BusyError, match=f"held by pid {holder.pid} \\(criu-gpushare suspend "
+                                            f"4242\\).*waited 0.5s"):
+            with ck.DriverLock(path, timeout_s=0.5, on_wait=said.append):
+                pass
+        assert said == [f"waiting for the driver lock held by pid {holder.pid} (criu-gpushare "
+                        f"suspend 4242) ({path}; at most 0.5s)"]
+    finally:
+        holder.kill()
+        holder.wait()
+    with ck.DriverLock(path, timeout_s=5, on_wait=pytest.fail):  # free: no waiting message
+        pass
+
+
+def test_default_waiting_message_goes_to_stderr(tmp_path, capfd):
+    path = str(private_dir(tmp_path) / "driver.lock")
+    holder = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from criu_gpushare.gpu.checkpoint_api import DriverLock
+with DriverLock({path!r}):
+    print('held', flush=True); time.sleep(30)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(BusyError):
+            with ck.DriverLock(path, timeout_s=0.3):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capfd.readouterr().err
+    assert err.count("waiting for the driver lock held by pid") == 1 and str(holder.pid) in err
+
+
+def test_a_planted_symlink_is_refused_and_its_target_untouched(tmp_path):
+    d = private_dir(tmp_path)
+    target = tmp_path / "victim"
+    target.write_text("keep")
+    os.symlink(target, d / "driver.lock")
+    with pytest.raises(Error, match="driver.lock: is a symlink; refusing it"):
+        with ck.DriverLock(str(d / "driver.lock"), timeout_s=1):
+            pass
+    assert target.read_text() == "keep"
+
+
+def test_a_planted_fifo_is_refused(tmp_path):
+    d = private_dir(tmp_path)
+    os.mkfifo(d / "driver.lock")
+    with pytest.raises(Error, match="not a regular file"):
+        with ck.DriverLock(str(d / "driver.lock"), timeout_s=1):
+            pass
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o777, 0o1777])
+def test_a_lock_dir_others_may_use_is_refused(tmp_path, mode):
+    d = tmp_path / "run"
+    d.mkdir()
+    os.chmod(d, mode)
+    with pytest.raises(Error, match=f"mode {mode:04o}; the state directory must be owned by uid "
+                                    f"{os.geteuid()} with mode 0700"):
+        with ck.DriverLock(state_dir=str(d), timeout_s=1):
+            pass
+    assert not (d / "driver.lock").exists()
+
+
+def test_a_lock_dir_that_is_a_symlink_or_foreign_is_refused(tmp_path):
+    real = private_dir(tmp_path, "real")
+    os.symlink(real, tmp_path / "link")
+    with pytest.raises(Error, match="link: is a symlink"):
+        with ck.DriverLock(state_dir=str(tmp_path / "link"), timeout_s=1):
+            pass
+    if os.geteuid() == 0:
+        os.chown(real, 1001, 1001)
+        with pytest.raises(Error, match="owned by uid 1001"):
+            with ck.DriverLock(state_dir=str(real), timeout_s=1):
+                pass

@@ -34,16 +34,35 @@ def test_corrupted_chunk_fails_verification_naming_it(store):
     with open(path, "r+b") as f:
         f.seek(100)
         f.write(b"\xff\xfe")
-    with pytest.raises(ChunkDamaged, match=f"{path}: content hashes to [0-9a-f]{{32}}, not to"):
+    with pytest.raises(ChunkDamaged, match=f"{path}: chunk {cid} is corrupted: its content "
+                                           f"hashes to [0-9a-f]{{32}}") as info:
         store.get(cid, bytearray(4096), verify=True)
+    assert (info.value.kind, info.value.chunk, info.value.path) == ("corrupt", cid, path)
+
+
+def test_a_get_verifies_by_default_and_verify_false_opts_out(store):
+    """Point 5: every chunk a restore reads is checked against its name unless told not to."""
+    cid = store.put(chunk_bytes(2)).chunk_id
+    path = chunk_path(store, cid)
+    with open(path, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff\xfe")
+    out = bytearray(4096)
+    with pytest.raises(ChunkDamaged, match=f"chunk {cid} is corrupted"):
+        store.get(cid, out)
+    with pytest.raises(ChunkDamaged, match=f"chunk {cid} is corrupted"):
+        store.read_chunk(cid, memoryview(out))
+    store.get(cid, out, verify=False)  # the explicit opt-out: sizes checked, bytes not hashed
+    assert out[100:102] == b"\xff\xfe"
 
 
 def test_missing_chunk_is_an_error_naming_it(store):
     cid = store.put(chunk_bytes(3)).chunk_id
     os.unlink(chunk_path(store, cid))
-    with pytest.raises(ChunkMissing, match=f"{chunk_path(store, cid)}: chunk missing"):
+    with pytest.raises(ChunkMissing, match=f"{chunk_path(store, cid)}: chunk {cid} missing") as info:
         store.get(cid, bytearray(4096))
-    with pytest.raises(ChunkMissing, match="chunk missing"):
+    assert (info.value.chunk, info.value.path) == (cid, chunk_path(store, cid))
+    with pytest.raises(ChunkMissing, match=f"chunk {'ab' * 16} missing"):
         store.get("ab" * 16, bytearray(10))  # fan-out directory absent too
 
 

@@ -67,6 +67,20 @@ def test_a_damaged_cache_entry_is_dropped_and_the_store_is_read(store, cache):
     store.cache = None
 
 
+def test_the_cache_read_path_verifies_by_default(store, cache):
+    """A cached copy damaged without a size change is caught by a plain get (verify is the
+    default) and the store is read instead."""
+    cid = commit_checkpoint(store, "ck", [chunk_bytes(6)])[0].chunk_id
+    prefetch(store, cache)
+    with open(cached_path(cache, cid), "r+b") as f:
+        f.write(b"\xde\xad")
+    store.cache = cache
+    out = bytearray(4096)
+    assert store.get(cid, out) is Source.STORE and out == chunk_bytes(6)
+    assert not cache.contains(cid)
+    store.cache = None
+
+
 def test_eviction_removes_least_recently_used_first(cache, store):
     ids = []
     for i in range(4):

@@ -34,7 +34,7 @@ def test_ls_table_and_json(run, two_checkpoints):
     r = run("ls")
     assert r.exit_code == 0
     lines = r.output.splitlines()
-    assert lines[0].split() == ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED"]
+    assert lines[0].split() == ["NAME", "CREATED", "PROCS", "ALLOCS", "SIZE", "STORED", "HELD"]
     assert [line.split()[0] for line in lines[1:]] == ["ck-1", "ck-2"]
     doc = json.loads(run("ls", "--json").output)
     ck1 = doc["checkpoints"][0]
@@ -64,7 +64,7 @@ def test_verify_names_every_bad_or_missing_chunk_and_fails(run, two_checkpoints)
         f.truncate(10)
     r = run("verify")
     assert r.exit_code == StoreError.exit_code
-    assert f"missing    {chunk_path(store, c1)}: chunk missing (used by ck-1)" in r.output
+    assert f"missing    {chunk_path(store, c1)}: chunk {c1} missing (used by ck-1)" in r.output
     assert f"corrupt    {chunk_path(store, c2)}: content hashes to" in r.output
     assert "(used by ck-1, ck-2)" in r.output
     assert f"truncated  {chunk_path(store, c3)}: 10 bytes, expected 4096" in r.output

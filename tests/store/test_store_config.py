@@ -30,8 +30,23 @@ def test_embedded_defaults_without_any_setting(monkeypatch, tmp_path):
     monkeypatch.setattr(config, "DEFAULT_CONFIG", str(tmp_path / "absent.toml"))
     s = load_settings(environ={})
     assert (s.store, s.cache, s.cache_limit, s.gc_grace_s, s.verify) == (
-        DEFAULT_STORE, None, None, 3600.0, False)
+        DEFAULT_STORE, None, None, 3600.0, True)
     assert set(s.origin.values()) == {"default"}
+
+
+@pytest.mark.parametrize("env, file_text, expected", [
+    ({}, None, True),                                   # verify on read is the default
+    ({"CRIU_GPUSHARE_VERIFY": "0"}, None, False),       # the explicit opt-out
+    ({}, b"[store]\nverify = false\n", False),
+    ({"CRIU_GPUSHARE_VERIFY": "1"}, b"[store]\nverify = false\n", True),
+])
+def test_verify_defaults_on_and_can_be_turned_off(monkeypatch, tmp_path, env, file_text, expected):
+    monkeypatch.setattr(config, "DEFAULT_CONFIG", str(tmp_path / "absent.toml"))
+    env = dict(env)
+    if file_text is not None:
+        (tmp_path / "c.toml").write_bytes(file_text)
+        env["CRIU_GPUSHARE_CONFIG"] = str(tmp_path / "c.toml")
+    assert load_settings(environ=env).verify is expected
 
 
 def test_config_file_then_environment_then_flag(config_file):
