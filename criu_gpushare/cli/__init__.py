@@ -27,11 +27,10 @@ def main():
 
 
 def _register():
-    from . import doctor, run
+    from . import checkpoint, doctor, run, suspend
 
-    from . import suspend
-
-    for cmd in (doctor.doctor, run.run, run.shim_path, suspend.suspend, suspend.resume):
+    for cmd in (doctor.doctor, run.run, run.shim_path, suspend.suspend, suspend.resume,
+                checkpoint.dump, checkpoint.restore):
         main.add_command(cmd)
     import importlib
 

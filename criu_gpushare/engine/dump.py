@@ -22,6 +22,7 @@ from ..store.store import Store
 from . import journal as jn, record
 from .runner import Runner
 from .steps import CRIU_PRE_DUMP, Group, Options
+from .suspension import release_holds
 
 
 def cuda_pids(root_pid):
@@ -41,7 +42,8 @@ class DumpJob:
         self.root_pid, self.images_dir = root_pid, images_dir
         self.report = report
         self.ref = f"dump-{root_pid}-{time.strftime('%Y%m%dT%H%M%S')}"
-        self.options = Options(store=store, timeout_s=timeout_s, ref=self.ref, verify=verify)
+        self.options = Options(store=store, timeout_s=timeout_s, ref=self.ref, verify=verify,
+                               hold_kind="dump")
         self.journal = self.group = None
         self.completed = False
 
@@ -83,6 +85,7 @@ class DumpJob:
             except BaseException as e:
                 self.journal.set(state=jn.HELD, error=str(e))
                 raise
+            release_holds(self.group)
         self._drop_ref()
         self.journal.close()
 
@@ -108,6 +111,7 @@ class DumpJob:
                 raise
         if not self.completed:
             self._drop_ref()
+        release_holds(self.group)  # a completed dump is kept by its image, not by a hold
         self.journal.close()
 
     def _drop_ref(self):

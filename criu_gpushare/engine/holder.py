@@ -103,6 +103,7 @@ def start(work, on_progress=print):
 
     Must be called before this process initialises CUDA (fork and CUDA do not mix).
     """
+    _standard_fds_open()
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:  # intermediate child: detach, fork the holder, exit
@@ -132,6 +133,19 @@ def start(work, on_progress=print):
                             "`criu-gpushare status` shows the group, and `criu-gpushare resume` "
                             "finishes its rollback from the journal"}
     return final
+
+
+def _standard_fds_open():
+    """CRIU runs action scripts with stdin closed: a pipe or log opened then would take fd 0, and
+    the holder's own dup2 onto 0-2 would overwrite it. Fill any gap with /dev/null first."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
 
 
 class _Reporter:

@@ -62,11 +62,8 @@ UNDO = (("checkpoint", "restore"),
 
 def driver_lock():
     """The node-wide lock around driver checkpoint calls (two processes calling at once hang the
-    driver): ck.DEFAULT_LOCK_PATH as root, else a file in this user's state directory."""
-    from .statedir import state_dir
-    if os.geteuid() == 0:
-        return ck.DriverLock()
-    return ck.DriverLock(os.path.join(state_dir(), "driver.lock"))
+    driver), in the tool's private state directory."""
+    return ck.DriverLock()
 
 
 @dataclasses.dataclass
@@ -75,7 +72,8 @@ class Options:
     timeout_s: float = 60.0        # quiesce and lock
     ref: str = ""                  # the store ref naming this checkpoint
     gpu_map: dict = None           # {old uuid: new uuid} for resume
-    verify: bool = False
+    verify: bool = True            # check every chunk a load reads against its name
+    hold_kind: str = "suspension"  # what holds the ref in the store ("dump" for a CRIU dump)
 
 
 class Group:
@@ -204,6 +202,8 @@ class Group:
                     fault_point("copy")  # between two units: part of the memory is in the store
             self.manifest = Manifest([ProcessEntry(pid, allocs) for pid, allocs in sorted(processes.items())],
                                      meta={"pids": self.pids, "gpus": self.gpus})
+            # Held before the ref exists: no `store rm` can slip in between (store/holds.py).
+            store.hold(self.options.ref, self.options.hold_kind, pid=self.pids[0])
             self.manifest_id = session.commit(self.options.ref, self.manifest)
 
     def _progress(self, total, verb):
@@ -285,6 +285,14 @@ class Group:
                 control.request(a.importer, "attach", fds=(fd,), id=a.import_id, timeout=600)
             finally:
                 os.close(fd)
+
+    def release_holds(self):
+        """The group is back: its checkpoint no longer needs protecting from `store rm`."""
+        from ..store.holds import Hold
+        with Store.open(self.options.store) as store:
+            for info in store.holds(self.options.ref):
+                if info.pid in self.pids:
+                    Hold(store, info).release()
 
     def summary(self, what, stats=None):
         s = stats or self.stats

@@ -58,6 +58,7 @@ def resume_group(group, journal):
     except BaseException as e:
         journal.set(state=before if before != jn.RESUMING else jn.SUSPENDED, error=str(e))
         raise
+    release_holds(group)
     journal.close()
     return group.summary("resumed")
 
@@ -97,3 +98,12 @@ def recover(journal, gpu_map=None, report=print, verify=None):
                       verify=journal.data.get("verify", True) if verify is None else verify)
     group = Group.from_state(journal.data["group"], options, report)
     return resume_group(group, journal)
+
+
+def release_holds(group):
+    """Drop the store holds the group took (best effort: it runs again either way)."""
+    from ..errors import StoreError
+    try:
+        group.release_holds()
+    except StoreError as e:  # the workload runs; a stale hold only delays `store rm`, never data
+        group.report(f"warning: releasing the store's hold on {group.options.ref}: {e}")

@@ -50,3 +50,93 @@ class SockWorkload:
             os.kill(self.pid, 9)
         except ProcessLookupError:
             pass
+
+
+class Client:
+    """Commands to a workload by its socket path (its process may be restored by CRIU: not ours)."""
+
+    def __init__(self, path, pid):
+        self.path, self.pid = str(path), pid
+
+    do = SockWorkload.do
+
+    def wait_ready(self, timeout=30):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.do("sync")
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"workload {self.pid} does not answer on {self.path}")
+                time.sleep(0.05)
+
+
+def become_subreaper():
+    """Orphans of the trees we start (CRIU kills the parent with its children) become our children,
+    so that reap() can free their pids for the restore."""
+    import ctypes
+    PR_SET_CHILD_SUBREAPER = 36
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def reap(pids, timeout=10):
+    """Wait for pids (dead, reparented to us) to be reaped."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                break  # not ours (already reaped, or reaped by its parent)
+            if done or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+
+
+def start_tree(tmp_path, env, n=2):
+    """(parent Popen, [Client per child]) of tests/hook/criutree.py."""
+    become_subreaper()
+    d = tmp_path / "tree"
+    d.mkdir()
+    parent = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "criutree.py"),
+                               str(n), str(d)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    deadline = time.monotonic() + 30
+    while not (d / "children").exists():
+        if time.monotonic() > deadline or parent.poll() is not None:
+            raise AssertionError("the tree did not start")
+        time.sleep(0.05)
+    pids = json.loads((d / "children").read_text())
+    clients = [Client(d / f"w{i}.sock", pid) for i, pid in enumerate(pids)]
+    for c in clients:
+        c.wait_ready()
+    return parent, clients
+
+
+def share(exporter, importer, tmp_path, name="buf", size=4 << 20):
+    """exporter creates `name` (cuMem) and passes a POSIX-fd export to importer, which maps it."""
+    exporter.do(f"cumem {name} {size}")
+    fd = exporter.do(f"export {name}")["fd"]
+    path = str(tmp_path / f"fd-{name}-{importer.pid}")
+    importer.do(f"listen {path}")
+    exporter.do(f"sendfd {fd} {path}")
+    got = importer.do("recvfd")["fd"]
+    importer.do(f"import {name} {got} {size}")
+    importer.do(f"closefd {got}")
+
+
+def write(w, name, value):
+    w.do(f"fill {name} {value}")
+    w.do("sync")
+
+
+def values(w, name):
+    return w.do(f"read {name}")["values"]
+
+
+def kill_tree(pids):
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
