@@ -126,6 +126,19 @@ def check_criu():
     return checks
 
 
+def check_cuda_plugin():
+    """CRIU's own CUDA plugin must not act on our tasks (hooks/README.md, "Configuration")."""
+    from ..criu.libdir import criu_libdir, installed_cuda_plugin
+    path = installed_cuda_plugin()
+    if path is None:
+        return Check("criu-cuda-plugin", PASS, f"not installed in {criu_libdir()}: CRIU leaves GPU "
+                     "tasks to criu-gpushare")
+    return Check("criu-cuda-plugin", WARN, f"{path} is installed: `criu-gpushare dump`/`restore` "
+                 "give CRIU a plugin directory without it, but `criu --action-script "
+                 "criu-gpushare-hook` and runc would load it",
+                 f"for the hook, set `libdir` in CRIU's config to a directory without {os.path.basename(path)}")
+
+
 def check_pycriu():
     try:
         import pycriu  # noqa: F401  (ships with CRIU, not on PyPI)
@@ -162,8 +175,8 @@ def check_store():
 
 
 def run_checks():
-    checks = [check_driver(), check_checkpoint_api(), *check_gpus(), *check_criu(), check_pycriu(),
-              check_shim(), check_store()]
+    checks = [check_driver(), check_checkpoint_api(), *check_gpus(), *check_criu(),
+              check_cuda_plugin(), check_pycriu(), check_shim(), check_store()]
     return checks
 
 

@@ -47,6 +47,11 @@ class DumpJob:
         self.journal = self.group = None
         self.completed = False
 
+    def set_report(self, report):
+        self.report = report
+        if self.group is not None:
+            self.group.report = report
+
     def begin(self):
         """-> True when the tree had GPU state (then after_criu must run once CRIU exits)."""
         pids = process_tree(self.root_pid)
@@ -85,6 +90,7 @@ class DumpJob:
             except BaseException as e:
                 self.journal.set(state=jn.HELD, error=str(e))
                 raise
+        if self.group is not None:
             release_holds(self.group)
         self._drop_ref()
         self.journal.close()
@@ -109,9 +115,9 @@ class DumpJob:
             except BaseException as e:
                 self.journal.set(state=jn.SUSPENDED, error=str(e))
                 raise
+        release_holds(self.group)  # a completed dump is kept by its image, not by a hold
         if not self.completed:
             self._drop_ref()
-        release_holds(self.group)  # a completed dump is kept by its image, not by a hold
         self.journal.close()
 
     def _drop_ref(self):

@@ -164,7 +164,7 @@ class _Reporter:
             return
         try:
             self.write(obj)
-        except OSError:
+        except (OSError, ValueError):  # ValueError: its file is closed
             self.write = None  # the client went away; the work goes on
 
 

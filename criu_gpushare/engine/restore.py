@@ -91,4 +91,4 @@ def run(rec, root_pid, store_path=None, gpu_map=None, verify=True, report=print)
     group = Group.from_state(state, options, report)
     journal = jn.Journal.create("restore", group.pids, jn.SUSPENDED, store=options.store,
                                 ref=options.ref, verify=verify, group=group.state())
-    return resume_group(group, journal)
+    return resume_group(group, journal, verb="restore")

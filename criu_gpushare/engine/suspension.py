@@ -50,11 +50,11 @@ class SuspendWork(holder.Work):
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
 
-def resume_group(group, journal):
+def resume_group(group, journal, verb="resume"):
     before = journal.state  # suspended, or held (a rollback that failed): what a failure leaves
     journal.set(state=jn.RESUMING)
     try:
-        Runner(group, journal).undo()
+        Runner(group, journal).undo(verb)
     except BaseException as e:
         journal.set(state=before if before != jn.RESUMING else jn.SUSPENDED, error=str(e))
         raise

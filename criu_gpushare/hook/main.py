@@ -57,7 +57,7 @@ class _DumpWork(holder.Work):
 
     def begin(self, report):
         self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
-        self.job.report = report
+        self.job.set_report(report)
         if not self.job.begin():
             return {"gpu_state": False}, False
         return {"gpu_state": True, "ref": self.job.ref}, True
@@ -66,7 +66,7 @@ class _DumpWork(holder.Work):
         return self.criu_fd
 
     def on_event(self, report):
-        self.job.report = report
+        self.job.set_report(report)
         try:
             self.job.after_criu()
         except Error as e:
@@ -75,6 +75,7 @@ class _DumpWork(holder.Work):
 
     def handle(self, cmd, fields, report):
         if cmd == "post-dump":
+            self.job.set_report(report)
             self.job.complete()
             return {"completed": True}, True
         if cmd == "status":

@@ -35,3 +35,12 @@ def test_text_output_lists_each_check_with_its_fix():
         assert any(line.split()[1:2] == [name] for line in lines if line[:4] in ("PASS", "FAIL", "WARN")), name
     if r.returncode:
         assert "fix:" in r.stdout and "check(s) failed" in r.stderr
+
+
+def test_doctor_says_whether_criu_cuda_plugin_is_installed(tmp_path, monkeypatch):
+    from criu_gpushare.cli.doctor import check_cuda_plugin
+    monkeypatch.setenv("CRIU_LIBS_DIR", str(tmp_path))
+    assert check_cuda_plugin().status == "pass"
+    (tmp_path / "cuda_plugin.so").write_bytes(b"")
+    c = check_cuda_plugin()
+    assert c.status == "warn" and "cuda_plugin.so" in c.detail and "libdir" in c.fix

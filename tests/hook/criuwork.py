@@ -93,13 +93,14 @@ def reap(pids, timeout=10):
             time.sleep(0.02)
 
 
-def start_tree(tmp_path, env, n=2):
-    """(parent Popen, [Client per child]) of tests/hook/criutree.py."""
+def start_tree(tmp_path, env, n=2, plain=()):
+    """(parent Popen, [Client per child]) of tests/hook/criutree.py; children in plain run
+    without the shim."""
     become_subreaper()
     d = tmp_path / "tree"
     d.mkdir()
     parent = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "criutree.py"),
-                               str(n), str(d)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               str(n), str(d), ",".join(map(str, plain))], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     deadline = time.monotonic() + 30
     while not (d / "children").exists():

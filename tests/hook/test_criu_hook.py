@@ -1,4 +1,5 @@
 """criu dump/restore with `--action-script criu-gpushare-hook`, on processes without a GPU."""
+import json
 import os
 import shutil
 import signal
@@ -64,18 +65,22 @@ def test_dump_and_restore_of_a_process_without_cuda_pass_through_the_hook(criu, 
 
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
-def test_dump_of_a_process_with_cuda_loaded_is_refused_and_it_keeps_running(criu, tmp_path, cleanup):
-    src, lib = tmp_path / "empty.c", tmp_path / "libcuda.so.1"
-    src.write_text("int fake_cuda_marker(void) { return 1; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    proc = daemon(tmp_path, f"import ctypes, time; ctypes.CDLL({str(lib)!r})\nwhile True: time.sleep(0.1)")
+def test_a_process_with_libcuda_loaded_but_no_gpu_state_dumps_and_restores(criu, tmp_path, cleanup, fake_env):
+    """libcuda loaded, cuInit never called: nothing on the GPU, so CRIU dumps it as it is; the
+    record says so, and the restore needs nothing of the store."""
+    lib = os.path.join(fake_env["LD_LIBRARY_PATH"].split(os.pathsep)[0], "libcuda.so.1")
+    proc = daemon(tmp_path, f"import ctypes, time; ctypes.CDLL({lib!r})\nwhile True: time.sleep(0.1)")
     pid = proc.pid
     cleanup.append(pid)
+    env = dict(fake_env, CRIU_GPUSHARE_RUN_DIR=str(tmp_path / "run"), CRIU_GPUSHARE_STORE=str(tmp_path / "store"))
     images = tmp_path / "images"
     images.mkdir()
     dump = subprocess.run([criu, "dump", "-t", str(pid), "-D", str(images), "--action-script", HOOK,
-                           "-o", "dump.log", "-v4"], capture_output=True, text=True, timeout=120)
-    log = (images / "dump.log").read_text()
-    assert dump.returncode != 0
-    assert "use CUDA" in log and str(pid) in log
+                           "-o", "dump.log", "-v4"], capture_output=True, text=True, timeout=120, env=env)
+    assert dump.returncode == 0, (images / "dump.log").read_text()[-3000:]
+    assert json.load(open(images / "criu-gpushare.json"))["gpu_state"] is False
+    proc.wait(10)
+    restore = subprocess.run([criu, "restore", "-D", str(images), "-d", "--action-script", HOOK,
+                              "-o", "restore.log", "-v4"], capture_output=True, text=True, timeout=120, env=env)
+    assert restore.returncode == 0, (images / "restore.log").read_text()[-3000:]
     assert alive(pid)

@@ -91,3 +91,129 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
     assert r.returncode == 0, (images / "restore.log").read_text()[-4000:]
     a.wait_ready()
     assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_hook_dump_leave_running_gives_the_gpu_state_back(env, tree, tmp_path, criu):
+    parent, a, b = tree
+    images = tmp_path / "images"
+    images.mkdir()
+    r = subprocess.run([criu, "dump", "-t", str(parent.pid), "-D", str(images), "--action-script", HOOK,
+                        "--leave-running", "-o", "dump.log"], env=env["tool"], capture_output=True,
+                       text=True, timeout=180)
+    assert r.returncode == 0, (images / "dump.log").read_text()[-4000:]
+    # the holder resumes the tree once CRIU has let go: a GPU read waits at the gate until then
+    assert values(b, "buf") == [42] * 4
+    wait_gone(env)
+    assert_back(env, a, b)
+
+
+def wait_gone(env, timeout=20):
+    import time
+    deadline = time.monotonic() + timeout
+    while [n for n in os.listdir(env["run"]) if n.startswith("journal-")]:
+        assert time.monotonic() < deadline, "the dump's journal stays"
+        time.sleep(0.05)
+
+
+def dumped(env, tree, tmp_path):
+    parent, a, b = tree
+    images = tmp_path / "images"
+    r = cli(env, "dump", parent.pid, images, "--json")
+    assert r.returncode == 0, r.stderr
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    return images, json.loads(r.stdout)
+
+
+def assert_nothing_restored(a, b):
+    for pid in (a.pid, b.pid):
+        assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} was restored"
+
+
+def test_restore_refuses_an_image_made_without_criu_gpushare(env, tree, tmp_path):
+    images, _ = dumped(env, tree, tmp_path)
+    (images / RECORD_NAME).unlink()
+    r = cli(env, "restore", images)
+    assert r.returncode == 12 and "was not dumped through criu-gpushare" in r.stderr, r.stderr
+    assert_nothing_restored(*tree[1:])
+
+
+def test_restore_refuses_a_store_that_lost_a_chunk(env, tree, tmp_path):
+    images, out = dumped(env, tree, tmp_path)
+    chunks = [p for p in (tmp_path / "store" / "chunks").rglob("*") if p.is_file()]
+    chunks[0].unlink()
+    r = cli(env, "restore", images)
+    assert r.returncode == 6 and "cannot be read" in r.stderr and "nothing was restored" in r.stderr, r.stderr
+    assert_nothing_restored(*tree[1:])
+
+
+def test_restore_refuses_a_corrupt_manifest(env, tree, tmp_path):
+    images, out = dumped(env, tree, tmp_path)
+    manifest = next((tmp_path / "store" / "manifests").rglob("*.json"))
+    manifest.write_text(manifest.read_text()[:-20])
+    r = cli(env, "restore", images)
+    assert r.returncode == 6, r.stderr
+    assert_nothing_restored(*tree[1:])
+
+
+def test_restore_refuses_a_gpu_that_is_not_here(env, tree, tmp_path):
+    images, _ = dumped(env, tree, tmp_path)
+    other = dict(env, tool=dict(env["tool"], FAKECUDA_UUID_SEED="another machine"))
+    r = cli(other, "restore", images)
+    assert r.returncode == 12 and "not on this machine" in r.stderr and "--gpu-map" in r.stderr, r.stderr
+    assert_nothing_restored(*tree[1:])
+
+
+def test_an_image_and_its_store_move_elsewhere(env, tree, tmp_path):
+    parent, a, b = tree
+    images, _ = dumped(env, tree, tmp_path)
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.move(str(images), moved / "images")
+    shutil.move(str(tmp_path / "store"), moved / "store")
+    r = cli(env, "restore", moved / "images", "--store", moved / "store")
+    assert r.returncode == 0, r.stderr
+    a.wait_ready()
+    assert_back(env, a, b)
+
+
+def test_a_failed_dump_rolls_back_and_leaves_no_ref(env, tree, tmp_path):
+    parent, a, b = tree
+    tool = dict(env["tool"], CRIU_GPUSHARE_FAULT="release")
+    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", "dump", str(parent.pid),
+                        str(tmp_path / "images")], env=tool, capture_output=True, text=True, timeout=180)
+    assert r.returncode != 0 and "failed at step release" in r.stderr and "rolled back" in r.stderr, r.stderr
+    assert_back(env, a, b)
+    refs = tmp_path / "store" / "refs"
+    assert not refs.exists() or not list(refs.iterdir())
+
+
+def test_a_tree_where_a_cuda_process_without_the_shim_imports_is_refused(env, tmp_path, criu):
+    """The importer runs without the shim: its import cannot come back; refused, both run on."""
+    parent, (a, plain) = start_tree(tmp_path, env["app"], plain=[1])
+    try:
+        share(a, plain, tmp_path)
+        write(a, "buf", 42)
+        r = cli(env, "dump", parent.pid, tmp_path / "images")
+        assert r.returncode == 5 and f"process {plain.pid}" in r.stderr and "without the" in r.stderr, r.stderr
+        assert values(plain, "buf") == [42] * 4
+        write(plain, "buf", 43)
+        assert values(a, "buf") == [43] * 4
+        assert not [n for n in os.listdir(env["run"]) if n.startswith(("pid-", "journal-"))]
+    finally:
+        kill_tree([a.pid, plain.pid, parent.pid])
+
+
+def test_a_restore_that_fails_after_criu_stays_held_and_resume_finishes_it(env, tree, tmp_path):
+    parent, a, b = tree
+    images, _ = dumped(env, tree, tmp_path)
+    tool = dict(env["tool"], CRIU_GPUSHARE_FAULT="load")
+    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", "restore", str(images)], env=tool,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 15 and "restore failed at step load" in r.stderr, r.stderr
+    status = cli(env, "status", a.pid)
+    assert "(restore of group" in status.stdout, status.stdout
+    r = cli(env, "resume", a.pid)
+    assert r.returncode == 0, r.stderr
+    assert_back(env, a, b)

@@ -1,0 +1,69 @@
+"""`criu-gpushare-hook` as CRIU runs it: no arguments, the action in CRTOOLS_SCRIPT_ACTION; the
+actions it does not use, and the ones it uses on a tree without CUDA, let CRIU proceed."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+HOOK = [sys.executable, "-m", "criu_gpushare.hook.main"]
+
+
+def run_hook(action, **env):
+    full = {"PATH": os.environ["PATH"], "CRTOOLS_SCRIPT_ACTION": action, **env}
+    return subprocess.run(HOOK, env=full, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+
+
+@pytest.mark.parametrize("action", ["network-lock", "network-unlock", "setup-namespaces",
+                                    "post-setup-namespaces", "pre-resume", "status-ready",
+                                    "query-ext-files", "orphan-pts-master", "some-future-action", ""])
+def test_actions_it_does_not_use_let_criu_proceed(action):
+    r = run_hook(action)
+    assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("action", ["post-dump", "post-restore", "post-resume"])
+def test_actions_with_nothing_of_ours_to_do_let_criu_proceed(action, tmp_path):
+    """No dump of ours for this tree, no restore of ours by this CRIU: nothing to do."""
+    run = tmp_path / "run"
+    with subprocess.Popen(["sleep", "30"]) as p:
+        try:
+            r = run_hook(action, CRTOOLS_INIT_PID=str(p.pid), CRIU_GPUSHARE_RUN_DIR=str(run))
+        finally:
+            p.kill()
+    assert r.returncode == 0, r.stderr
+
+
+def test_pre_dump_of_a_tree_without_cuda_proceeds():
+    with subprocess.Popen(["sleep", "30"]) as p:
+        try:
+            r = run_hook("pre-dump", CRTOOLS_INIT_PID=str(p.pid))
+        finally:
+            p.kill()
+    assert r.returncode == 0, r.stderr
+
+
+def test_pre_dump_of_an_unknown_pid_fails_clearly():
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    time.sleep(0.1)
+    r = run_hook("pre-dump", CRTOOLS_INIT_PID=str(gone.pid))
+    assert r.returncode != 0 and "no such process" in r.stderr
+
+
+def test_pre_dump_without_init_pid_fails_clearly():
+    r = run_hook("pre-dump")
+    assert r.returncode != 0 and "CRTOOLS_INIT_PID" in r.stderr
+
+
+def test_the_contract_lists_the_actions_in_criu_order():
+    """hooks/README.md has one row per action the hook uses, in CRIU's order (as CRIU 4.2.1 runs
+    them: tests/criu/test_rpc.py pins that order), and the dispatch table is the same list."""
+    from criu_gpushare.hook.main import ACTIONS
+    criu_order = ["pre-dump", "post-dump", "pre-restore", "post-restore", "post-resume"]
+    assert list(ACTIONS) == criu_order
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "hooks", "README.md")).read()
+    rows = [line.split("|")[1].strip().strip("`") for line in readme.splitlines()
+            if line.startswith("| `")]
+    assert [r for r in rows if r in criu_order] == criu_order
