@@ -289,6 +289,8 @@ class Group:
     def release_holds(self):
         """The group is back: its checkpoint no longer needs protecting from `store rm`."""
         from ..store.holds import Hold
+        if not os.path.isdir(self.options.store):
+            return  # never created: it holds nothing of ours
         with Store.open(self.options.store) as store:
             for info in store.holds(self.options.ref):
                 if info.pid in self.pids:

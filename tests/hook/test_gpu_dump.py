@@ -1,6 +1,8 @@
-"""GPU groups through CRIU on the fake driver: `criu-gpushare dump`/`restore` (RPC) and
-`criu dump`/`criu restore --action-script criu-gpushare-hook`, a tree whose two CUDA children share
-memory through a cuMem fd export; contents and sharing checked after each way back."""
+"""GPU groups through CRIU: `criu-gpushare dump`/`restore` (RPC) and `criu dump`/`criu restore
+--action-script criu-gpushare-hook`, a tree (a parent without CUDA) whose two CUDA children share
+memory through a cuMem fd export and through legacy CUDA IPC; contents and sharing checked after
+each way back, the image free of GPU bytes and /dev/nvidia* files. On the fake driver in CI; with
+CRIU_GPUSHARE_TEST_DRIVER=real on a GPU (scripts/gpu-tests.sh)."""
 import json
 import os
 import shutil
@@ -8,6 +10,9 @@ import subprocess
 import sys
 
 import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
+from shimtest import NO_MULTICAST_ENV, REAL_DRIVER, fake_only  # noqa: E402
 
 from criuwork import kill_tree, reap, share, start_tree, values, write
 from criu_gpushare.engine.record import RECORD_NAME
@@ -17,10 +22,11 @@ HOOK = shutil.which("criu-gpushare-hook")
 
 
 @pytest.fixture
-def env(fake_env, tmp_path):
+def env(request, tmp_path):
+    base = dict(os.environ, **NO_MULTICAST_ENV) if REAL_DRIVER else request.getfixturevalue("fake_env")
     run_dir = tmp_path / "run"
     run_dir.mkdir(mode=0o700)
-    tool = dict(fake_env, CRIU_GPUSHARE_RUN_DIR=str(run_dir), CRIU_GPUSHARE_STORE=str(tmp_path / "store"),
+    tool = dict(base, CRIU_GPUSHARE_RUN_DIR=str(run_dir), CRIU_GPUSHARE_STORE=str(tmp_path / "store"),
                 CRIU_GPUSHARE_CACHE="")
     return {"tool": tool, "app": dict(tool, LD_PRELOAD=shim_path()), "run": run_dir}
 
@@ -30,6 +36,9 @@ def tree(env, tmp_path, criu):
     parent, (a, b) = start_tree(tmp_path, env["app"])
     share(a, b, tmp_path)
     write(a, "buf", 42)
+    a.do("malloc ipc 4194304")  # cuMemAlloc memory the shim backs with cuMem: legacy IPC through it
+    b.do(f"ipcopen ipc {a.do('ipcget ipc')['handle']} 4194304")
+    write(b, "ipc", 7)
     yield parent, a, b
     kill_tree([a.pid, b.pid, parent.pid])
     try:
@@ -45,8 +54,12 @@ def cli(env, *args, timeout=180):
 
 def assert_back(env, a, b, value=42):
     assert values(b, "buf") == [value] * 4 and values(a, "buf") == [value] * 4
+    assert values(a, "ipc") == [7] * 4, "legacy IPC memory lost"
     write(b, "buf", value + 1)
     assert values(a, "buf") == [value + 1] * 4, "sharing is not live"
+    write(a, "ipc", 8)
+    assert values(b, "ipc") == [8] * 4, "legacy IPC sharing is not live"
+    write(b, "ipc", 7)
     assert not [n for n in os.listdir(env["run"]) if n.startswith(("pid-", "journal-", "restore-"))]
 
 
@@ -61,6 +74,9 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     reap([a.pid, b.pid])
     record = json.loads((images / RECORD_NAME).read_text())
     assert record["ref"] == out["ref"] and record["gpu_state"]
+    from criu_gpushare.criu import images as criu_images
+    assert criu_images.device_files(str(images)) == []  # no /dev/nvidia* fd in the image
+    print(f"PROBE criu_image bytes={out['image_bytes']} gpu_bytes={out['bytes']['copied']}")
     r = cli(env, "restore", images, "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["pid"] == parent.pid
@@ -157,6 +173,7 @@ def test_restore_refuses_a_corrupt_manifest(env, tree, tmp_path):
     assert_nothing_restored(*tree[1:])
 
 
+@fake_only
 def test_restore_refuses_a_gpu_that_is_not_here(env, tree, tmp_path):
     images, _ = dumped(env, tree, tmp_path)
     other = dict(env, tool=dict(env["tool"], FAKECUDA_UUID_SEED="another machine"))
