@@ -103,6 +103,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.self_test:
         return self_test(args)
+    bl.sigterm_as_interrupt()
     names = args.only or list(VARIANTS)
     work = tempfile.mkdtemp(prefix="criu-gpushare-alloc-bench.", dir=args.store_dir)
     run_dir = os.path.join(work, "run")

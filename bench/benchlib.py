@@ -216,6 +216,8 @@ class Workload:
         self.log_path = os.path.join(self.dir, "workload.log")
         self.env = dict(os.environ, **NO_MULTICAST_ENV, CRIU_GPUSHARE_RUN_DIR=run_dir, **(env_extra or {}))
         self.env.pop("LD_PRELOAD", None)
+        if os.environ.get("GPUSHARE_PROBE_RUN"):  # scripts/gpu-tests.sh kills leftovers by this tag
+            self.env["GPUSHARE_PROBE_TAG"] = os.environ["GPUSHARE_PROBE_RUN"]
         self.shim, self.proc, self.info, self.seq, self.sha = shim, None, None, 0, None
 
     def start(self, timeout):
@@ -483,6 +485,15 @@ def _read_all(path, size, buf, chunk, direct):
 def free_bytes(directory):
     st = os.statvfs(directory)
     return st.f_bavail * st.f_frsize
+
+
+def sigterm_as_interrupt():
+    """`timeout` sends SIGTERM: as KeyboardInterrupt, the bench still kills its workloads and prints."""
+    import signal as _signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    _signal.signal(_signal.SIGTERM, handler)
 
 
 def versions():

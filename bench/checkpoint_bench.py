@@ -269,6 +269,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.self_test:
         return self_test(args)
+    bl.sigterm_as_interrupt()
     specs = workload_specs(args)
     names = args.only or list(WORKLOADS)
     bench = Bench(args)
