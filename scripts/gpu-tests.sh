@@ -16,7 +16,13 @@
 #   6. `python3 -m pytest tests/gpu` under `timeout 480`   -> OUT/gpu-tests.log, OUT/junit.xml,
 #      OUT/probe-figures.txt (the PROBE lines the tests recorded); then tests/shim, tests/engine
 #      and tests/hook against the real driver -> OUT/real-driver-tests.log, -results.txt;
-#      with GPU_BENCH=1, bench/copy_bench.py and bench/shim_bench.py -> OUT/bench.txt
+#      with GPU_BENCH=1, bench/copy_bench.py and bench/shim_bench.py -> OUT/bench.txt, then
+#      bench/checkpoint_bench.py at BENCH_SCALE (default 0.25; 1 = 40 GiB, ~15 min) under
+#      `timeout $BENCH_TIMEOUT_S` (default 900; BENCH_CRIU=1 adds its --criu rows)
+#      -> OUT/bench-checkpoint.txt, .json (its workloads carry the probe tag: step 7 kills leftovers), and
+#      bench/allocator_bench.py (BENCH_ALLOC_GIB, default 8) -> OUT/bench-allocator.txt, .json;
+#      tests/gpu/test_stress.py runs CRIU_GPUSHARE_STRESS_CYCLES cycles (default 100, ~5 min: lower
+#      it or raise PYTEST_TIMEOUT_S);
 #   7. kills every process a probe started that is still alive (they carry GPUSHARE_PROBE_TAG=<this
 #      run> in their environment; a process stuck CHECKPOINTED only dies of SIGKILL), then lists
 #      what is left on the GPU;
@@ -212,6 +218,18 @@ if [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks are not tests: only on request
     banner "benchmarks"
     timeout 200 python3 bench/copy_bench.py --gib 8 2>&1 | tee "$OUT/bench.txt"
     timeout 200 python3 bench/shim_bench.py --repeat 7 2>&1 | tee -a "$OUT/bench.txt"
+    # No driver checkpoint call of these overlaps another: each bench runs alone, in sequence.
+    timeout -k 30 "${BENCH_TIMEOUT_S:-900}" python3 bench/checkpoint_bench.py --scale "${BENCH_SCALE:-0.25}" \
+        --json-out "$OUT/bench-checkpoint.json" ${BENCH_CRIU:+--criu} 2>&1 | tee "$OUT/bench-checkpoint.txt"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 124 ] && echo "gpu-tests: checkpoint_bench stopped by the ${BENCH_TIMEOUT_S:-900} s timeout"
+    step "bench/checkpoint_bench.py (scale ${BENCH_SCALE:-0.25})" "$rc"
+    kill_leftover_probes >>"$OUT/bench-checkpoint.txt" 2>&1
+    timeout -k 30 "${BENCH_ALLOC_TIMEOUT_S:-600}" python3 bench/allocator_bench.py --gib "${BENCH_ALLOC_GIB:-8}" \
+        --json-out "$OUT/bench-allocator.json" 2>&1 | tee "$OUT/bench-allocator.txt"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" -eq 124 ] && echo "gpu-tests: allocator_bench stopped by the ${BENCH_ALLOC_TIMEOUT_S:-600} s timeout"
+    step "bench/allocator_bench.py (${BENCH_ALLOC_GIB:-8} GiB)" "$rc"
 fi
 
 finish

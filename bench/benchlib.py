@@ -1,0 +1,513 @@
+"""What checkpoint_bench.py and allocator_bench.py share: workloads, the tool, the driver-only path,
+the disk's own rate, the table and the JSON.
+
+Nothing here imports torch or loads the driver at import time; the GPU parts (Driver, the
+workloads) only run on a GPU machine, the rest (rows, table, JSON, finding the tool's commands) is
+tested on CPU machines by tests/cli/test_bench.py.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+WORKLOADS = os.path.join(HERE, "workloads")
+NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+                    "NVSHMEM_DISABLE_NVLS": "1"}
+GIB = 1 << 30
+
+
+# ----------------------------------------------------------------------------------------- rows
+
+@dataclass
+class Row:
+    """One measured path on one workload: out (suspend, checkpoint, dump) and back."""
+    workload: str
+    path: str                 # tool | tool-warm | driver | criu
+    store: str                # tmpfs | disk | - (driver: host memory)
+    bytes: int                # the workload's GPU data bytes (the GB/s denominator)
+    out_s: float | None = None
+    back_s: float | None = None
+    status: str = "ok"        # ok | fails: ... | not available: ... | error: ...
+    check: str = "-"          # ok | WRONG | - (not checked)
+    out_phases: dict = field(default_factory=dict)
+    back_phases: dict = field(default_factory=dict)
+    out_wall_s: float | None = None   # the command's own wall time (tool start-up included)
+    back_wall_s: float | None = None
+    extra: dict = field(default_factory=dict)
+
+    def gbps(self, secs):
+        return self.bytes / 1e9 / secs if secs and self.bytes else None
+
+
+def ratios(rows):
+    """{(workload, path, store): (out, back)}: driver seconds / this path's seconds (>1: faster)."""
+    drivers = {r.workload: r for r in rows if r.path == "driver"}
+    out = {}
+    for r in rows:
+        d = drivers.get(r.workload)
+        out[(r.workload, r.path, r.store)] = tuple(
+            theirs / mine if mine and theirs else None
+            for mine, theirs in ((r.out_s, d and d.out_s), (r.back_s, d and d.back_s)))
+    return out
+
+
+def _num(v, fmt):
+    return format(v, fmt) if v is not None else "-"
+
+
+def _phases(phases):
+    return " ".join(f"{k} {v:.2f}" for k, v in phases.items()) or "-"
+
+
+def format_table(rows, title=""):
+    """The table: one line per row, then the phases of each row (seconds)."""
+    rat = ratios(rows)
+    head = (f"{'workload':<10} {'path':<10} {'store':<6} {'GiB':>6} {'out s':>8} {'out GB/s':>8} "
+            f"{'x drv':>6} {'back s':>8} {'back GB/s':>9} {'x drv':>6} {'check':<6} status")
+    lines = [title] if title else []
+    lines += [head, "-" * len(head)]
+    for r in rows:
+        ro, rb = rat[(r.workload, r.path, r.store)]
+        lines.append(
+            f"{r.workload:<10} {r.path:<10} {r.store:<6} {r.bytes / GIB:>6.2f} {_num(r.out_s, '8.2f'):>8} "
+            f"{_num(r.gbps(r.out_s), '8.2f'):>8} {_num(ro, '5.1f') + ('x' if ro else ''):>6} "
+            f"{_num(r.back_s, '8.2f'):>8} {_num(r.gbps(r.back_s), '9.2f'):>9} "
+            f"{_num(rb, '5.1f') + ('x' if rb else ''):>6} {r.check:<6} {r.status}")
+    lines.append("")
+    lines.append("phases (s; out | back; tool rows: its own --json figures, wall = command incl. start-up):")
+    for r in rows:
+        if r.out_phases or r.back_phases or r.out_wall_s:
+            lines.append(f"  {r.workload}/{r.path}/{r.store}: {_phases(r.out_phases)} | {_phases(r.back_phases)}"
+                         f"  (wall {_num(r.out_wall_s, '.2f')} | {_num(r.back_wall_s, '.2f')})")
+    lines.append("x drv = driver-only seconds / this row's seconds (above 1: faster than the driver alone)")
+    return "\n".join(lines)
+
+
+def write_json(path, meta, rows):
+    rat = ratios(rows)
+    doc = {"meta": meta, "rows": []}
+    for r in rows:
+        d = asdict(r)
+        d["out_gbps"], d["back_gbps"] = r.gbps(r.out_s), r.gbps(r.back_s)
+        d["out_x_driver"], d["back_x_driver"] = rat[(r.workload, r.path, r.store)]
+        doc["rows"].append(d)
+    text = json.dumps(doc, indent=2)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    return doc
+
+
+# ----------------------------------------------------------------------------------------- the tool
+
+def tool_argv():
+    """How to run criu-gpushare: the console script when on PATH, else its module."""
+    exe = shutil.which("criu-gpushare")
+    return [exe] if exe else [sys.executable, "-m", "criu_gpushare.cli"]
+
+
+def tool_env(run_dir):
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}  # the tool runs without the shim
+    env.update(NO_MULTICAST_ENV, CRIU_GPUSHARE_RUN_DIR=run_dir)
+    return env
+
+
+def tool_has(command, argv=None, env=None, timeout=120):
+    """Whether the tool has COMMAND (`criu-gpushare COMMAND --help` exits 0)."""
+    try:
+        r = subprocess.run([*(argv or tool_argv()), command, "--help"], env=env, capture_output=True,
+                           text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return r.returncode == 0
+
+
+@dataclass
+class ToolResult:
+    rc: int
+    wall_s: float
+    summary: dict | None
+    stderr: str
+
+    @property
+    def ok(self):
+        return self.rc == 0 and isinstance(self.summary, dict) and self.summary.get("ok", True) is not False
+
+    def seconds(self):
+        """The tool's own time: the sum of its phases, else the wall time."""
+        phases = (self.summary or {}).get("seconds") or {}
+        return round(sum(phases.values()), 3) if phases else self.wall_s
+
+    def why(self):
+        if self.rc == 124:
+            return f"timed out ({self.stderr.strip()[-200:]})"
+        if isinstance(self.summary, dict) and self.summary.get("message"):
+            return f"exit {self.rc}: {self.summary['message']}"
+        tail = self.stderr.strip().splitlines()[-1:] or ["no output"]
+        return f"exit {self.rc}: {tail[0][:300]}"
+
+
+def run_tool(args, env, timeout, argv=None):
+    """criu-gpushare ARGS... --json, bounded; the parsed JSON summary on stdout (or None)."""
+    cmd = [*(argv or tool_argv()), *map(str, args), "--json"]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, out = 124, ""
+        err = f"{' '.join(cmd)} killed after {timeout} s\n" + (
+            e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or ""))
+    wall = round(time.monotonic() - t0, 3)
+    try:
+        summary = json.loads(out) if out.strip() else None
+    except json.JSONDecodeError:
+        summary = None
+    return ToolResult(rc, wall, summary, err)
+
+
+def tool_cycle(row, wl, out_args, back_args, env, timeout):
+    """Out then back through the tool, then check the contents; fills row. False when it failed."""
+    out = run_tool(out_args, env, timeout)
+    row.out_wall_s, row.out_s = out.wall_s, out.seconds()
+    row.out_phases = (out.summary or {}).get("seconds", {}) if out.ok else {}
+    row.extra["out_bytes"] = (out.summary or {}).get("bytes") if out.ok else None
+    row.extra["units"] = (out.summary or {}).get("units") if out.ok else None
+    if not out.ok:
+        row.status, row.out_s = f"fails: {out_args[0]} {out.why()}", None
+        return False
+    if out_args[0] == "dump":
+        wl.reap()  # CRIU ended the tree: its pids must be free for the restore
+    back = run_tool(back_args, env, timeout)
+    row.back_wall_s, row.back_s = back.wall_s, back.seconds()
+    row.back_phases = (back.summary or {}).get("seconds", {}) if back.ok else {}
+    if not back.ok:
+        row.status, row.back_s = f"fails: {back_args[0]} {back.why()}", None
+        return False
+    row.check = wl.verify()
+    return True
+
+
+# ----------------------------------------------------------------------------------------- workloads
+
+class WorkloadError(RuntimeError):
+    pass
+
+
+class Workload:
+    """A bench workload under the shim, talking through files in its control directory (so CRIU can
+    dump it: stdio on /dev/null and a log file, no pipe to this process, its own session)."""
+
+    def __init__(self, name, script, args, workdir, run_dir, env_extra=None, shim=True):
+        self.name, self.script, self.args = name, script, [str(a) for a in args]
+        self.dir = os.path.join(workdir, f"wl-{name}-{time.monotonic_ns()}")
+        self.ctl = os.path.join(self.dir, "ctl")
+        os.makedirs(self.ctl)
+        self.log_path = os.path.join(self.dir, "workload.log")
+        self.env = dict(os.environ, **NO_MULTICAST_ENV, CRIU_GPUSHARE_RUN_DIR=run_dir, **(env_extra or {}))
+        self.env.pop("LD_PRELOAD", None)
+        if os.environ.get("GPUSHARE_PROBE_RUN"):  # scripts/gpu-tests.sh kills leftovers by this tag
+            self.env["GPUSHARE_PROBE_TAG"] = os.environ["GPUSHARE_PROBE_RUN"]
+        self.shim, self.proc, self.info, self.seq, self.sha = shim, None, None, 0, None
+
+    def start(self, timeout):
+        script = os.path.join(WORKLOADS, self.script)
+        argv = [sys.executable, script, *self.args, "--ctl", self.ctl]
+        if self.shim:
+            argv = [*tool_argv(), "run", *argv]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                         env=self.env, cwd=self.dir, start_new_session=True)
+        ready = os.path.join(self.ctl, "ready")
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(ready):
+            if self.proc.poll() is not None:
+                raise WorkloadError(f"{self.name} exited {self.proc.returncode}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                self.kill()
+                raise WorkloadError(f"{self.name} not ready within {timeout} s: {self.log_tail()}")
+            time.sleep(0.05)
+        with open(ready) as f:
+            self.info = json.load(f)
+        self.sha = self.ask("check", timeout)["sha"]
+        return self
+
+    @property
+    def pids(self):
+        return list(self.info["pids"]) if self.info else []
+
+    @property
+    def bytes(self):
+        return int(self.info["bytes"])
+
+    def log_tail(self, n=6):
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return " | ".join(f.read().strip().splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self):
+        pid = self.pids[0] if self.pids else None
+        if pid is None:
+            return False
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        except OSError:
+            return False
+
+    def ask(self, cmd, timeout=600):
+        n, self.seq = self.seq, self.seq + 1
+        path = os.path.join(self.ctl, f"cmd-{n}")
+        with open(path + ".tmp", "w") as f:
+            f.write(cmd)
+        os.rename(path + ".tmp", path)
+        reply = os.path.join(self.ctl, f"reply-{n}")
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(reply):
+            if not self.alive():
+                raise WorkloadError(f"{self.name} died before answering {cmd!r}: {self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise WorkloadError(f"{self.name} did not answer {cmd!r} within {timeout} s")
+            time.sleep(0.02)
+        with open(reply) as f:
+            answer = json.load(f)
+        os.unlink(reply)
+        if "error" in answer:
+            raise WorkloadError(f"{self.name} {cmd}: {answer['error']}")
+        return answer
+
+    def verify(self, timeout=600):
+        """'ok' when the GPU contents hash as they did at start, else 'WRONG' (or why not)."""
+        try:
+            return "ok" if self.ask("check", timeout)["sha"] == self.sha else "WRONG"
+        except WorkloadError as e:
+            return f"WRONG ({e})"[:200]
+
+    def reap(self, timeout=60):
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def kill(self):
+        """SIGKILL every process of the workload (a process stuck CHECKPOINTED only dies so)."""
+        for pid in self.pids + ([self.proc.pid] if self.proc else []):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.reap(30)
+        deadline = time.monotonic() + 30
+        while any(os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None) for p in self.pids):
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+
+
+def _state(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------- driver only
+
+class Driver:
+    """The driver's own checkpoint path, called from this process (cuda.bindings.driver), one call
+    kind at a time for every pid at once from threads (never from two processes: the driver hangs),
+    each call bounded; under the tool's node-wide driver lock, so it never overlaps a tool run."""
+
+    def __init__(self):
+        from cuda.bindings import driver as cu
+        self.cu = cu
+        err, = cu.cuInit(0)
+        if err != cu.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"cuInit: {err.name}")
+        try:
+            from criu_gpushare.engine.steps import driver_lock
+            self.lock = driver_lock
+        except Exception:  # the package is not importable: nothing to serialise with
+            import contextlib
+            self.lock = contextlib.nullcontext
+        self.hung = False
+
+    def _one(self, op, pid, lock_timeout_ms):
+        cu = self.cu
+        if op == "lock":
+            args = cu.CUcheckpointLockArgs()
+            args.timeoutMs = lock_timeout_ms
+            return cu.cuCheckpointProcessLock(pid, args)[0]
+        fn = {"checkpoint": cu.cuCheckpointProcessCheckpoint, "restore": cu.cuCheckpointProcessRestore,
+              "unlock": cu.cuCheckpointProcessUnlock}[op]
+        return fn(pid, None)[0]
+
+    def call(self, op, pids, timeout_s, lock_timeout_ms=60000):
+        """(seconds, {pid: "CUDA_SUCCESS" | error name | "timeout"}) of one call for every pid."""
+        results = {}
+
+        def work(pid):
+            try:
+                results[pid] = self._one(op, pid, lock_timeout_ms).name
+            except Exception as e:
+                results[pid] = f"{type(e).__name__}: {e}"
+
+        with self.lock():
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=work, args=(p,), daemon=True) for p in pids]
+            for t in threads:
+                t.start()
+            deadline = t0 + timeout_s
+            for t in threads:
+                t.join(max(0.0, deadline - time.monotonic()))
+            secs = time.monotonic() - t0
+        for p in pids:
+            if p not in results:
+                results[p], self.hung = "timeout", True
+        return round(secs, 3), results
+
+    def state(self, pid):
+        err, st = self.cu.cuCheckpointProcessGetState(pid)
+        return st.name if err == self.cu.CUresult.CUDA_SUCCESS else err.name
+
+
+def driver_cycle(driver, row, wl, timeout_s):
+    """lock + checkpoint (out), restore + unlock (back), each call timed; fills row."""
+    calls = {}
+    for op in ("lock", "checkpoint", "restore", "unlock"):
+        secs, res = driver.call(op, wl.pids, timeout_s)
+        calls[op] = {"seconds": secs, "results": {str(k): v for k, v in res.items()}}
+        (row.out_phases if op in ("lock", "checkpoint") else row.back_phases)[op] = secs
+        bad = {p: r for p, r in res.items() if r != "CUDA_SUCCESS"}
+        if bad:
+            row.extra["calls"] = calls
+            row.extra["states"] = {str(p): driver.state(p) for p in wl.pids} if not driver.hung else {}
+            row.status = "fails: " + ", ".join(f"{op} pid {p} {r}" for p, r in bad.items())
+            if op in ("restore", "unlock"):
+                row.out_s = round(row.out_phases["lock"] + row.out_phases["checkpoint"], 3)
+            return False
+    row.extra["calls"] = calls
+    row.out_s = round(row.out_phases["lock"] + row.out_phases["checkpoint"], 3)
+    row.back_s = round(row.back_phases["restore"] + row.back_phases["unlock"], 3)
+    row.check = wl.verify()
+    return True
+
+
+# ----------------------------------------------------------------------------------------- disk rate
+
+def disk_rate(directory, size, chunk=64 << 20):
+    """Sustained write then read of SIZE bytes in CHUNK blocks with O_DIRECT (dd oflag=direct):
+    {"write_gbps", "read_gbps", "direct": bool, "bytes"}; the buffered path (fdatasync, page cache
+    dropped before reading) where the file system refuses O_DIRECT."""
+    size = max(chunk, size // chunk * chunk)
+    path = os.path.join(directory, f".bench-disk-rate-{os.getpid()}")
+    buf = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT needs
+    buf[:] = os.urandom(1 << 20) * (chunk >> 20)
+    direct = hasattr(os, "O_DIRECT")
+    try:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | (os.O_DIRECT if direct else 0), 0o600)
+        except OSError:
+            direct = False
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        t0 = time.monotonic()
+        try:
+            for off in range(0, size, chunk):
+                buf[:8] = off.to_bytes(8, "little")
+                os.write(fd, buf)
+        except OSError:
+            if not direct:
+                raise
+            os.close(fd)  # O_DIRECT refused at write time (tmpfs before 6.6): buffered
+            return dict(disk_rate_buffered(path, size, buf, chunk), direct=False)
+        os.fdatasync(fd)
+        write_s = time.monotonic() - t0
+        os.close(fd)
+        read_s = _read_all(path, size, buf, chunk, direct)
+        return {"write_gbps": size / 1e9 / write_s, "read_gbps": size / 1e9 / read_s,
+                "direct": direct, "bytes": size, "dir": directory}
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def disk_rate_buffered(path, size, buf, chunk):
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    t0 = time.monotonic()
+    for off in range(0, size, chunk):
+        os.write(fd, buf)
+    os.fdatasync(fd)
+    write_s = time.monotonic() - t0
+    os.close(fd)
+    read_s = _read_all(path, size, buf, chunk, False)
+    return {"write_gbps": size / 1e9 / write_s, "read_gbps": size / 1e9 / read_s, "bytes": size,
+            "dir": os.path.dirname(path)}
+
+
+def _read_all(path, size, buf, chunk, direct):
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+    try:
+        if not direct:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        t0 = time.monotonic()
+        done = 0
+        while done < size:
+            n = os.readv(fd, [buf])
+            if n <= 0:
+                break
+            done += n
+        return time.monotonic() - t0
+    finally:
+        os.close(fd)
+
+
+def free_bytes(directory):
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def sigterm_as_interrupt():
+    """`timeout` sends SIGTERM: as KeyboardInterrupt, the bench still kills its workloads and prints."""
+    import signal as _signal
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+    _signal.signal(_signal.SIGTERM, handler)
+
+
+def versions():
+    """Versions worth keeping with the figures (each best effort, nothing imported)."""
+    from importlib import metadata
+    out = {"python": sys.version.split()[0]}
+    for dist in ("torch", "cupy-cuda12x", "cupy-cuda13x", "cupy", "cuda-bindings", "criu-gpushare"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            out["driver"] = f.readline().strip()
+    except OSError:
+        out["driver"] = None
+    return out

@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""criu-gpushare in place against the driver's own checkpoint path, side by side, on four workloads.
+
+    python3 bench/checkpoint_bench.py                         # scale 1: 40 GiB, 2 x 20 GiB, ...
+    python3 bench/checkpoint_bench.py --scale 0.1 --json-out /tmp/bench.json
+    python3 bench/checkpoint_bench.py --criu                  # also through CRIU (dump / restore)
+    python3 bench/checkpoint_bench.py --self-test             # no GPU: table, JSON, missing commands
+
+Workloads (bench/workloads/, torch, started with `criu-gpushare run`; sizes times --scale):
+  single  one process, 40 GiB of random data in 1 GiB tensors
+  pair    two processes, 20 GiB of random data each, sharing a 1 GiB tensor through CUDA IPC
+          (torch.multiprocessing)
+  many    one process, 2,000 allocations of 4 MiB (one cudaMalloc each)
+  empty   a near-empty CUDA process (the fixed cost)
+Paths, each followed by a check of the GPU contents (digest computed on the GPU before and after:
+"ok" or "WRONG"):
+  tool       `criu-gpushare suspend PID... --store S` then `resume PID`, with an empty store
+  tool-warm  the same again, every byte already in the store (dedup)
+  driver     cuCheckpointProcessLock + Checkpoint, then Restore + Unlock, called from this process
+             (cuda.bindings.driver), each call timed; for the pair the importer's restore fails (the
+             driver cannot bring back a mapping imported from another process): the row says
+             "fails" and the workload is killed (SIGKILL: a process stuck CHECKPOINTED only dies so)
+  criu       with --criu: `criu-gpushare dump PID DIR --store S`, `criu-gpushare restore DIR
+             --store S`; "not available" when the tool has no such command
+Stores: tmpfs (--tmpfs, /dev/shm) and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the
+repository); the disk's own O_DIRECT write/read rate is measured in the same run. GB/s is 10^9
+bytes of workload data per second of the path (the tool: the sum of the phases its --json reports;
+the command's wall time, start-up included, is in the phases list). "x drv" = the driver path's
+seconds / the row's seconds. Driver checkpoint calls are only ever made from one process at a time:
+this one, under the tool's node-wide driver lock, never while a tool command runs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib as bl  # noqa: E402
+from benchlib import Row  # noqa: E402
+
+WORKLOADS = ("single", "pair", "many", "empty")
+
+
+def workload_specs(args):
+    """{name: (script, args, description)} at the run's scale."""
+    s = args.scale
+    count = max(10, round(args.count * s))
+    return {
+        "single": ("blocks.py", ["--gib", args.gib * s, "--block-mib", 1024],
+                   f"1 process, {args.gib * s:g} GiB random"),
+        "pair": ("pair.py", ["--gib", args.pair_gib * s, "--shared-gib", args.shared_gib * s],
+                 f"2 processes x {args.pair_gib * s:g} GiB, {args.shared_gib * s:g} GiB shared (CUDA IPC)"),
+        "many": ("blocks.py", ["--count", count, "--block-mib", args.count_mib, "--no-caching"],
+                 f"1 process, {count} allocations of {args.count_mib} MiB"),
+        "empty": ("blocks.py", ["--gib", 0], "near-empty CUDA process"),
+    }
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scale", type=float, default=float(os.environ.get("BENCH_SCALE", 1.0)),
+                    help="multiplies every size (default $BENCH_SCALE or 1; e.g. 0.1 for a quick run)")
+    ap.add_argument("--gib", type=float, default=40.0, help="single: GiB of data")
+    ap.add_argument("--pair-gib", type=float, default=20.0, help="pair: GiB of data in each process")
+    ap.add_argument("--shared-gib", type=float, default=1.0, help="pair: GiB shared")
+    ap.add_argument("--count", type=int, default=2000, help="many: allocations")
+    ap.add_argument("--count-mib", type=int, default=4, help="many: MiB each")
+    ap.add_argument("--only", action="append", choices=WORKLOADS, help="run only these workloads")
+    ap.add_argument("--tmpfs", default="/dev/shm")
+    ap.add_argument("--disk", default=os.environ.get("BENCH_DISK_DIR") or os.path.join(bl.REPO, ".bench-disk"))
+    ap.add_argument("--no-disk", action="store_true", help="only the tmpfs store")
+    ap.add_argument("--disk-rate-gib", type=float, default=8.0, help="bytes for the disk's own rate (scaled, min 1)")
+    ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
+    ap.add_argument("--json-out", help="write the rows and the run's figures as JSON here")
+    ap.add_argument("--call-timeout", type=float, default=900, help="seconds for each tool command")
+    ap.add_argument("--driver-timeout", type=float, default=300, help="seconds for each driver call")
+    ap.add_argument("--start-timeout", type=float, default=600, help="seconds for a workload to be ready")
+    ap.add_argument("--self-test", action="store_true", help="no GPU: exercise table, JSON, missing commands")
+    return ap.parse_args(argv)
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.work = tempfile.mkdtemp(prefix="criu-gpushare-bench.", dir=args.tmpfs if os.path.isdir(args.tmpfs) else None)
+        self.run_dir = os.path.join(self.work, "run")
+        os.mkdir(self.run_dir, 0o700)
+        self.env = bl.tool_env(self.run_dir)
+        self.targets = [("tmpfs", os.path.join(self.work, "stores"))]
+        if not args.no_disk:
+            os.makedirs(args.disk, exist_ok=True)
+            self.targets.append(("disk", tempfile.mkdtemp(prefix="stores.", dir=args.disk)))
+        for _, d in self.targets:
+            os.makedirs(d, exist_ok=True)
+        self.rows, self.driver, self.live = [], None, []
+        self.has = {}
+
+    def log(self, msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    def has_command(self, name):
+        if name not in self.has:
+            self.has[name] = bl.tool_has(name, env=self.env)
+        return self.has[name]
+
+    def start(self, name, spec):
+        script, wargs, _ = spec
+        self.log(f"{name}: starting {script} {' '.join(map(str, wargs))}")
+        wl = bl.Workload(name, script, wargs, self.work, self.run_dir)
+        self.live.append(wl)
+        t0 = time.monotonic()
+        wl.start(self.args.start_timeout)
+        self.log(f"{name}: ready in {time.monotonic() - t0:.1f} s, pids {wl.pids}, {wl.bytes / bl.GIB:.2f} GiB")
+        return wl
+
+    def ensure(self, wl, name, spec):
+        if wl is not None and wl.alive():
+            return wl
+        if wl is not None:
+            wl.kill()
+        return self.start(name, spec)
+
+    def add(self, row):
+        self.rows.append(row)
+        self.log(f"{row.workload}/{row.path}/{row.store}: out {row.out_s} s, back {row.back_s} s, "
+                 f"check {row.check}, {row.status}")
+
+    def fresh_store(self, target_dir, tag):
+        path = os.path.join(target_dir, tag)
+        shutil.rmtree(path, ignore_errors=True)
+        return path
+
+    def disk_room(self, target_dir, need):
+        free = bl.free_bytes(target_dir)
+        return free > need * 1.1 + (2 << 30), free
+
+    def run_workload(self, name, spec):
+        a = self.args
+        wl = None
+        try:
+            wl = self.ensure(wl, name, spec)
+            for target, tdir in self.targets:
+                ok, free = self.disk_room(tdir, wl.bytes)
+                if not ok:
+                    for path in ("tool", "tool-warm"):
+                        self.add(Row(name, path, target, wl.bytes,
+                                     status=f"not run: {free / 1e9:.1f} GB free in {tdir}"))
+                    continue
+                store = self.fresh_store(tdir, f"store-{name}")
+                for path in ("tool", "tool-warm"):  # the second finds every chunk stored
+                    wl = self.ensure(wl, name, spec)
+                    row = Row(name, path, target, wl.bytes)
+                    if not bl.tool_cycle(row, wl, ["suspend", *wl.pids, "--store", store],
+                                         ["resume", wl.pids[0]], self.env, a.call_timeout):
+                        wl.kill()  # whatever state it is in, the next row starts afresh
+                    self.add(row)
+                shutil.rmtree(store, ignore_errors=True)
+            wl = self.ensure(wl, name, spec)
+            row = Row(name, "driver", "-", wl.bytes)
+            if self.driver is None:
+                self.driver = bl.Driver()
+            if not bl.driver_cycle(self.driver, row, wl, a.driver_timeout):
+                self.log(f"{name}: driver path failed ({row.status}); killing the workload")
+                wl.kill()
+            self.add(row)
+            if self.driver.hung:
+                raise RuntimeError("a driver call did not return: stopping (no further driver calls)")
+            if a.criu:
+                for target, tdir in self.targets:
+                    row = Row(name, "criu", target, wl.bytes)
+                    if not (self.has_command("dump") and self.has_command("restore")):
+                        row.status = "not available: criu-gpushare has no dump/restore command"
+                        self.add(row)
+                        continue
+                    wl = self.ensure(wl, name, spec)
+                    row.bytes = wl.bytes
+                    store = self.fresh_store(tdir, f"store-{name}")
+                    images = self.fresh_store(tdir, f"images-{name}")
+                    os.makedirs(images)
+                    if not bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
+                                         ["restore", images, "--store", store], self.env, a.call_timeout):
+                        wl.kill()
+                    self.add(row)
+                    shutil.rmtree(store, ignore_errors=True)
+                    shutil.rmtree(images, ignore_errors=True)
+        except bl.WorkloadError as e:
+            self.add(Row(name, "-", "-", wl.bytes if wl and wl.info else 0, status=f"error: {e}"[:300]))
+        finally:
+            if wl is not None:
+                wl.kill()
+
+    def close(self):
+        for wl in self.live:
+            wl.kill()
+        shutil.rmtree(self.work, ignore_errors=True)
+        for target, tdir in self.targets[1:]:
+            shutil.rmtree(tdir, ignore_errors=True)
+
+
+def measure_rates(targets, gib):
+    rates = {}
+    for target, tdir in targets:
+        try:
+            r = bl.disk_rate(tdir, int(gib * bl.GIB))
+            rates[target] = r
+        except OSError as e:
+            rates[target] = {"error": str(e)}
+    return rates
+
+
+def rates_text(rates):
+    out = []
+    for target, r in rates.items():
+        if "error" in r:
+            out.append(f"{target}: own rate not measured ({r['error']})")
+        else:
+            out.append(f"{target} ({r['dir']}): own rate, {r['bytes'] / bl.GIB:.1f} GiB "
+                       f"{'O_DIRECT' if r.get('direct') else 'buffered'}: write {r['write_gbps']:.2f} GB/s, "
+                       f"read {r['read_gbps']:.2f} GB/s")
+    return "\n".join(out)
+
+
+def self_test(args):
+    """No GPU: the rows a run would make (made-up figures), the table, the JSON and the 'command
+    missing' path of --criu, through the same code as a real run."""
+    run_dir = tempfile.mkdtemp(prefix="criu-gpushare-bench-selftest.")
+    try:
+        return _self_test(args, bl.tool_env(run_dir))
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _self_test(args, env):
+    rows = []
+    for name, gb in (("single", 4.0), ("pair", 4.2)):
+        n = int(gb * 1e9)
+        rows.append(Row(name, "tool", "tmpfs", n, out_s=1.0, back_s=0.5, check="ok",
+                        out_phases={"quiesce": 0.01, "save": 0.9}, back_phases={"load": 0.45},
+                        out_wall_s=1.6, back_wall_s=1.1))
+        rows.append(Row(name, "tool-warm", "tmpfs", n, out_s=0.3, back_s=0.5, check="ok"))
+        drv = Row(name, "driver", "-", n, out_s=4.0, back_s=1.0, check="ok",
+                  out_phases={"lock": 0.01, "checkpoint": 3.99}, back_phases={"restore": 0.99, "unlock": 0.01})
+        if name == "pair":
+            drv.back_s, drv.check = None, "-"
+            drv.status = "fails: restore pid 2 CUDA_ERROR_INVALID_VALUE"
+        rows.append(drv)
+    available = bl.tool_has("dump", env=env) and bl.tool_has("restore", env=env)
+    rows.append(Row("single", "criu", "tmpfs", rows[0].bytes,
+                    status="ok (self-test: not run)" if available
+                    else "not available: criu-gpushare has no dump/restore command"))
+    missing = bl.run_tool(["no-such-command-for-selftest"], env, 120)
+    assert not missing.ok and missing.rc != 0, missing
+    print(bl.format_table(rows, "self-test (made-up figures)"))
+    doc = bl.write_json(args.json_out, {"self_test": True, "missing_command": missing.why()}, rows)
+    rat = bl.ratios(rows)
+    assert abs(rat[("single", "tool", "tmpfs")][0] - 4.0) < 1e-9, rat
+    assert rat[("pair", "tool", "tmpfs")][1] is None, "no back ratio against a failed driver restore"
+    assert len(doc["rows"]) == len(rows)
+    print(f"criu rows: {rows[-1].status}")
+    print("self-test: ok")
+    return 0
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.self_test:
+        return self_test(args)
+    bl.sigterm_as_interrupt()
+    specs = workload_specs(args)
+    names = args.only or list(WORKLOADS)
+    bench = Bench(args)
+    t0 = time.monotonic()
+    rates = {}
+    try:
+        bench.log(f"scale {args.scale}; workloads {', '.join(names)}; stores "
+                  + ", ".join(f"{t}={d}" for t, d in bench.targets) + f"; tool {' '.join(bl.tool_argv())}")
+        rates = measure_rates(bench.targets, max(1.0, args.disk_rate_gib * args.scale))
+        print(rates_text(rates), flush=True)
+        for name in names:
+            bench.run_workload(name, specs[name])
+    except KeyboardInterrupt:
+        bench.log("interrupted: killing the workloads")
+    except RuntimeError as e:
+        bench.log(f"stopped: {e}")
+    finally:
+        bench.close()
+    total = time.monotonic() - t0
+    title = (f"criu-gpushare in place vs the driver alone, scale {args.scale}, {total:.0f} s in all\n"
+             + "\n".join(f"  {n}: {specs[n][2]}" for n in names) + "\n" + rates_text(rates))
+    print()
+    print(bl.format_table(bench.rows, title))
+    meta = {"scale": args.scale, "workloads": {n: specs[n][2] for n in names}, "store_rates": rates,
+            "targets": dict(bench.targets), "total_s": round(total, 1), "versions": bl.versions(),
+            "argv": sys.argv[1:]}
+    bl.write_json(args.json_out, meta, bench.rows)
+    bad = [r for r in bench.rows if r.check.startswith("WRONG") or r.status.startswith("error")]
+    expected_fail = [r for r in bench.rows if r.path == "driver" and r.workload == "pair"]
+    other_fail = [r for r in bench.rows if r.status.startswith("fails") and r not in expected_fail]
+    if bench.driver is not None and bench.driver.hung:
+        sys.stdout.flush()
+        os._exit(3)  # a thread is stuck in the driver: do not wait for it at exit
+    return 1 if bad or other_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The benchmarks' CPU-side logic (bench/checkpoint_bench.py, bench/allocator_bench.py, benchlib):
+self-tests, the workload control protocol, the table and its ratios, the disk rate, bounded tool
+calls. The GPU runs themselves happen in scripts/gpu-tests.sh (GPU_BENCH=1)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+sys.path.insert(0, str(BENCH))
+import benchlib as bl  # noqa: E402
+
+
+@pytest.mark.parametrize("script", ["checkpoint_bench.py", "allocator_bench.py"])
+def test_self_test_prints_a_table_and_writes_json(script, tmp_path):
+    out = tmp_path / "out.json"
+    r = subprocess.run([sys.executable, str(BENCH / script), "--self-test", "--json-out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "self-test: ok" in r.stdout
+    doc = json.loads(out.read_text())
+    assert doc["rows"] and all("out_gbps" in row for row in doc["rows"])
+
+
+def test_criu_rows_say_not_available_when_the_tool_lacks_dump(tmp_path):
+    r = subprocess.run([sys.executable, str(BENCH / "checkpoint_bench.py"), "--self-test"],
+                       capture_output=True, text=True, timeout=120)
+    has_dump = bl.tool_has("dump")
+    line = next(x for x in r.stdout.splitlines() if x.startswith("criu rows:"))
+    assert ("not available" in line) == (not has_dump), line
+
+
+def test_ratios_and_table_with_a_failed_driver_restore():
+    rows = [bl.Row("pair", "tool", "tmpfs", 4 * 10**9, out_s=2.0, back_s=1.0, check="ok"),
+            bl.Row("pair", "driver", "-", 4 * 10**9, out_s=8.0, status="fails: restore pid 7 X")]
+    rat = bl.ratios(rows)
+    assert rat[("pair", "tool", "tmpfs")] == (4.0, None)
+    text = bl.format_table(rows)
+    assert "4.0x" in text and "fails: restore pid 7 X" in text
+    assert rows[0].gbps(rows[0].out_s) == 2.0
+
+
+def test_a_tool_call_that_overruns_is_bounded():
+    res = bl.run_tool([], os.environ.copy(), 0.5, argv=[sys.executable, "-c", "import time; time.sleep(30)"])
+    assert res.rc == 124 and not res.ok and res.why().startswith("timed out")
+
+
+def test_disk_rate_measures_write_and_read(tmp_path):
+    r = bl.disk_rate(str(tmp_path), 64 << 20, chunk=16 << 20)
+    assert r["bytes"] == 64 << 20 and r["write_gbps"] > 0 and r["read_gbps"] > 0
+    assert not list(tmp_path.iterdir()), "the rate file is removed"
+
+
+def test_workload_file_protocol_end_to_end(tmp_path):
+    """A stand-in workload (no GPU) through the same channel the bench workloads use."""
+    stub = tmp_path / "stub.py"
+    stub.write_text(textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(BENCH / 'workloads')!r})
+        import wlcommon
+        ctl = sys.argv[sys.argv.index("--ctl") + 1]
+        state = {{"sha": "abc"}}
+        def corrupt(args):
+            state["sha"] = "bad"
+            return {{}}
+        wlcommon.serve(wlcommon.FileChannel(ctl), {{"pids": [os.getpid()], "bytes": 1 << 20}},
+                       {{"check": lambda a: dict(state), "corrupt": corrupt}})
+    """))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(mode=0o700)
+    wl = bl.Workload("stub", str(stub), [], str(tmp_path), str(run_dir), shim=False)
+    try:
+        wl.start(60)
+        assert wl.pids == [wl.proc.pid] and wl.bytes == 1 << 20 and wl.sha == "abc"
+        assert wl.verify() == "ok"
+        with pytest.raises(bl.WorkloadError, match="unknown command"):
+            wl.ask("nonsense", 30)
+        wl.ask("corrupt", 30)
+        assert wl.verify() == "WRONG"
+        assert wl.ask("quit", 30) == {"quit": True}
+        wl.reap(30)
+        assert not wl.alive()
+        assert wl.verify(5).startswith("WRONG (")
+    finally:
+        wl.kill()
