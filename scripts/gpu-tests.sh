@@ -27,6 +27,9 @@
 #      run> in their environment; a process stuck CHECKPOINTED only dies of SIGKILL), then lists
 #      what is left on the GPU;
 #   8. writes OUT/summary.txt (every probe row PASS/FAIL/SKIP/NOT RUN with its figures) and prints it.
+# GPU_PARTS (default "gpu real example") picks the parts of step 6 to run, so a run fits a time
+# limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
+# the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as GPU_BENCH=1).
 # Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
 # run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
 # every test passed or skipped, 1 otherwise.
@@ -140,6 +143,14 @@ else
     echo "no .criu-debs/*.deb: CRIU tests will skip unless a CRIU >= 4 is already on PATH"
 fi
 
+# pycriu needs protobuf; the GPU machine has no network: a wheel carried in .whl/ if it lacks one.
+if ! python3 -c 'import google.protobuf' 2>/dev/null && ls "$REPO"/.whl/protobuf-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --find-links "$REPO/.whl" protobuf 2>&1 | tail -n 2 ||
+        python3 -m pip install -q --no-index --find-links "$REPO/.whl" --break-system-packages protobuf 2>&1 | tail -n 2
+    python3 -c 'import google.protobuf'
+    step "protobuf for pycriu (from .whl/)" $?
+fi
+
 banner "versions"
 {
     # key: value lines first (the summary quotes them), then the full outputs, indented
@@ -193,18 +204,22 @@ else
     step "criu-gpushare doctor" 127
 fi
 
+PARTS=" ${GPU_PARTS:-gpu real example} "
+if [[ $PARTS == *" gpu "* ]]; then
 banner "GPU tests"
-timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest tests/gpu -v -rs -p no:cacheprovider \
+timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest ${GPU_TESTS:-tests/gpu} -v -rs -p no:cacheprovider \
     --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/gpu-tests.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
 step "pytest tests/gpu" "$rc"
+fi
 
 # The same suites that run on the fake driver in CI, here against the real driver (tests that only
 # the fake can run, e.g. two devices or multicast, skip with their reason), plus CRIU integration.
+if [[ $PARTS == *" real "* ]]; then
 banner "shim, suspend/resume and CRIU tests on the real driver"
 : >"$OUT/real-driver-tests.log"
-for suite in tests/shim tests/engine tests/hook; do  # one pytest each: own conftest
+for suite in ${REAL_SUITES:-tests/shim tests/engine tests/hook}; do  # one pytest each: own conftest
     CRIU_GPUSHARE_TEST_DRIVER=real timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest "$suite" \
         -v -rs -p no:cacheprovider 2>&1 | tee -a "$OUT/real-driver-tests.log"
     rc=${PIPESTATUS[0]}
@@ -213,8 +228,16 @@ for suite in tests/shim tests/engine tests/hook; do  # one pytest each: own conf
 done
 grep -E "^tests/.*(PASSED|FAILED|SKIPPED|ERROR)" "$OUT/real-driver-tests.log" | sed 's/ *\[ *[0-9]*%\]$//' \
     >"$OUT/real-driver-results.txt"
+fi
 
-if [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks are not tests: only on request
+if [[ $PARTS == *" example "* ]]; then
+banner "example: PyTorch processes sharing GPU memory, dumped, killed, restored"
+command -v criu-gpushare >/dev/null || export CRIU_GPUSHARE="python3 -m criu_gpushare.cli"
+timeout -k 20 "${EXAMPLE_TIMEOUT_S:-300}" examples/torch_dump_restore.sh "$OUT/example" 2>&1 | tee "$OUT/example.txt"
+step "examples/torch_dump_restore.sh" "${PIPESTATUS[0]}"
+fi
+
+if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks are not tests: only on request
     banner "benchmarks"
     timeout 200 python3 bench/copy_bench.py --gib 8 2>&1 | tee "$OUT/bench.txt"
     timeout 200 python3 bench/shim_bench.py --repeat 7 2>&1 | tee -a "$OUT/bench.txt"
