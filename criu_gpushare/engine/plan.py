@@ -30,6 +30,7 @@ class Member:
     cuda: bool
     shim: bool
     status: dict = None  # the shim's status, when it has one
+    devices: dict = None  # {ordinal: GPU UUID} the process sees (its shim's status)
 
     @property
     def shares(self):
@@ -83,16 +84,19 @@ def discover(pids):
             except ShimNotServing as e:
                 # The shim serves from cuInit on: CUDA state without its socket is not ours to guess.
                 raise ProcessError(pid, f"has CUDA state but its shim does not serve ({e})") from None
-        members.append(Member(pid, cuda, shim, status))
+        devices = {d["ordinal"]: d["uuid"] for d in (status or {}).get("devices", []) if d.get("uuid")}
+        members.append(Member(pid, cuda, shim, status, devices))
     return members
 
 
 def member_state(m):
-    return {"pid": m.pid, "cuda": m.cuda, "shim": m.shim, "served": m.status is not None}
+    return {"pid": m.pid, "cuda": m.cuda, "shim": m.shim, "served": m.status is not None,
+            "devices": {str(k): v for k, v in (m.devices or {}).items()}}
 
 
 def member_from_state(d):
-    return Member(d["pid"], d["cuda"], d["shim"], {} if d["served"] else None)
+    return Member(d["pid"], d["cuda"], d["shim"], {} if d["served"] else None,
+                  {int(k): v for k, v in d.get("devices", {}).items()})
 
 
 def unit_state(u):

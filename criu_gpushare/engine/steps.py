@@ -33,6 +33,7 @@ import time
 from ..errors import BusyError, Error, ShimError
 from ..gpu import checkpoint_api as ck
 from ..gpu.copy_engine import CopyEngine, CopyStats
+from ..gpu.devices import DeviceMap, workload_devices_map
 from ..gpu.memory import ImportedAllocation
 from ..shimctl import client as control
 from ..store.manifest import Manifest, ProcessEntry
@@ -175,6 +176,21 @@ class Group:
             except Error as e:
                 self.report(f"warning: reopening the gates of pid {pid}: {e}")
 
+    def _tool_device(self, unit):
+        """This process's ordinal of the GPU unit's memory is on now (after a --gpu-map restore,
+        the mapped one): the workload's ordinal means nothing here."""
+        if unit.gpu is None:
+            return unit.device
+        if not hasattr(self, "_device_map"):
+            self._device_map = DeviceMap.here()
+        return self._device_map.ordinal((self.options.gpu_map or {}).get(unit.gpu, unit.gpu))
+
+    def _devices_field(self, pid):
+        """recreate/adopt's devices map for pid under --gpu-map (empty: nothing moves)."""
+        member = next((m for m in self.members if m.pid == pid), None)
+        devices = workload_devices_map(member.devices or {}, self.options.gpu_map) if member else ""
+        return {"devices": devices} if devices else {}
+
     def _export_fd(self, unit):
         cmd = "export" if unit.kind == "allocation" else "export-import"
         reply, fds = control.request(unit.owner, cmd, id=unit.id, timeout=60)
@@ -191,8 +207,9 @@ class Group:
                 for unit in self.units:
                     fd = self._export_fd(unit)
                     try:
-                        with ImportedAllocation(fd, unit.size, unit.device) as mem:
-                            alloc, stats = engine.save(unit.key, mem.ptr, unit.size, unit.device,
+                        device = self._tool_device(unit)
+                        with ImportedAllocation(fd, unit.size, device) as mem:
+                            alloc, stats = engine.save(unit.key, mem.ptr, unit.size, device,
                                                        meta={"kind": unit.kind, "id": unit.id,
                                                              "device": unit.device, "origin": list(unit.origin)})
                     finally:
@@ -257,10 +274,11 @@ class Group:
 
     def _recreate(self):
         for pid in self.shim_pids:
-            control.request(pid, "recreate", timeout=600)
+            control.request(pid, "recreate", timeout=600, **self._devices_field(pid))
         for unit in self.units:
             if unit.kind == "import":
-                control.request(unit.owner, "adopt", id=unit.id, timeout=600)
+                control.request(unit.owner, "adopt", id=unit.id, timeout=600,
+                                **self._devices_field(unit.owner))
 
     def _load(self):
         with Store.open(self.options.store) as store:
@@ -273,8 +291,9 @@ class Group:
                 for unit in self.units:
                     fd = self._export_fd(unit)
                     try:
-                        with ImportedAllocation(fd, unit.size, unit.device) as mem:
-                            self.stats.add(engine.load(allocs[unit.key], mem.ptr, unit.device))
+                        device = self._tool_device(unit)
+                        with ImportedAllocation(fd, unit.size, device) as mem:
+                            self.stats.add(engine.load(allocs[unit.key], mem.ptr, device))
                     finally:
                         os.close(fd)
 

@@ -40,3 +40,33 @@ def test_a_map_to_a_gpu_that_is_not_there_fails_and_the_group_stays_suspended(lc
     assert r.returncode != 0 and "not visible here" in r.stderr
     resume(lc, p.pid)  # retried without the bad map
     assert values(p, "x") == [9] * 4
+
+
+@fake_only  # needs two GPUs
+def test_shared_memory_comes_back_on_the_gpu_the_map_names(lc, workload, tmp_path):
+    """The shims re-create their memory on the mapped GPU (a devices map in each workload's own
+    ordinals), the tool loads it there, and the sharing is live: not only the driver's part moves."""
+    from lctest import assert_shared, share
+    first, second = gpu_uuids(lc)[:2]
+    a, b = workload(), workload()
+    share(a, b, tmp_path)
+    write(a, "buf", 21)
+    suspend(lc, a.pid, b.pid)
+    r = lc.cli("resume", a.pid, "--gpu-map", f"{first}={second}")
+    assert r.returncode == 0, r.stderr
+    assert values(b, "buf") == [21] * 4
+    usage = read_usage(lc.state)[a.pid]
+    assert usage.get(1, 0) >= 4 << 20 and usage.get(0, 0) < 4 << 20, usage
+    assert_shared(a, b)
+
+
+def test_a_malformed_gpu_map_is_refused_before_anything_changes(lc, workload):
+    p = workload()
+    p.do("cumem x 4194304")
+    write(p, "x", 5)
+    suspend(lc, p.pid)
+    for bad in ("nonsense", "GPU-1=GPU-2", "GPU-00000000-0000-0000-0000-000000000000"):
+        r = lc.cli("resume", p.pid, "--gpu-map", bad)
+        assert r.returncode == 2 and "--gpu-map" in r.stderr, r.stderr
+    resume(lc, p.pid)
+    assert values(p, "x") == [5] * 4
