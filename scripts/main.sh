@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job, from a fresh checkout: install criu-gpushare into ./.venv, check the machine, then run
 # a GPU workload under the shim, suspend and resume it twice (its GPU memory goes to a chunk store
-# and comes back), and check its memory.
+# and comes back), and check its memory; then, where PyTorch and CRIU >= 4 with pycriu are here (as
+# root), dump a group of PyTorch processes sharing GPU memory, kill it, restore it and check that it
+# continues with the same results (examples/torch_dump_restore.sh).
 #   scripts/main.sh
 # Exits 3 on a machine without a usable NVIDIA GPU, saying so.
 set -euo pipefail
@@ -40,4 +42,13 @@ for cycle in 1 2; do
 done
 kill -TERM "$pid"
 wait "$pid"   # the workload checks its memory and exits non-zero if a byte changed
+trap 'rm -rf "$work"' EXIT
+
+if ! "$bin/python" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+  echo "main.sh: no PyTorch with CUDA here: skipping the dump/restore example"
+elif ! command -v criu >/dev/null || ! "$bin/python" -c 'import pycriu' 2>/dev/null || [ "$(id -u)" != 0 ]; then
+  echo "main.sh: CRIU >= 4 with pycriu, as root, is needed for the dump/restore example: skipping it"
+else
+  CRIU_GPUSHARE="$bin/criu-gpushare" CRIU_GPUSHARE_STORE=$store examples/torch_dump_restore.sh "$work/example"
+fi
 echo "main.sh: done"
