@@ -105,7 +105,8 @@ def restore(images_dir, store, gpu_map, as_json, **kwargs):
             shutil.rmtree(plugins, ignore_errors=True)
     summary = {"state": "restored", "pid": root, "pids": [], "seconds": {}, "gpu_state": rec is not None}
     if rec is not None:
-        summary.update(restore_engine.run(rec, root, store, mapping, settings.verify, report=_say))
+        summary.update(restore_engine.run(rec, root, store, mapping, settings.verify, report=_say,
+                                          cache=settings.cache, cache_limit=settings.cache_limit))
         summary["pid"] = root
     _print(summary, as_json, f"restored {images_dir}: root pid {root}")
     if not as_json:

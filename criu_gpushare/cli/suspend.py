@@ -79,8 +79,10 @@ def suspend(pids, tree, store, timeout_s, as_json):
     settings = load_settings({"store": store})
     ref = f"suspend-{min(pids)}-{time.strftime('%Y%m%dT%H%M%S')}"
     journal = jn.Journal.create("suspend", pids, jn.SUSPENDING, store=settings.store, ref=ref,
-                                verify=settings.verify)
-    options = Options(store=settings.store, timeout_s=timeout_s, ref=ref, verify=settings.verify)
+                                verify=settings.verify, cache=settings.cache,
+                                cache_limit=settings.cache_limit)
+    options = Options(store=settings.store, timeout_s=timeout_s, ref=ref, verify=settings.verify,
+                      cache=settings.cache, cache_limit=settings.cache_limit)
     final = holder.start(suspension.SuspendWork(journal, options),
                          on_progress=lambda m: click.echo(m, err=True))
     _finish(final, as_json)

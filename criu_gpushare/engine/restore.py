@@ -83,12 +83,22 @@ def pid_map(rec, root_pid):
     return out
 
 
-def run(rec, root_pid, store_path=None, gpu_map=None, verify=True, report=print):
+def warm_cache(rec, store_path, cache, cache_limit):
+    """Fill the node cache with the chunks the restore will read (the store is only read)."""
+    from ..store.cache import NodeCache
+    from ..store.prefetch import prefetch
+    with Store.open(store_path or rec["store"]) as store, NodeCache.open(cache, cache_limit) as c:
+        return prefetch(store, c, refs=[rec["ref"]])
+
+
+def run(rec, root_pid, store_path=None, gpu_map=None, verify=True, report=print, cache=None,
+        cache_limit=None):
     """Bring the GPU state of a restored tree back; -> summary. RestoreIncomplete on failure."""
     state = plan.remap_state(rec["group"], pid_map(rec, root_pid))
     options = Options(store=store_path or rec["store"], ref=rec["ref"], gpu_map=gpu_map or None,
-                      verify=verify)
+                      verify=verify, cache=cache, cache_limit=cache_limit)
     group = Group.from_state(state, options, report)
     journal = jn.Journal.create("restore", group.pids, jn.SUSPENDED, store=options.store,
-                                ref=options.ref, verify=verify, group=group.state())
+                                ref=options.ref, verify=verify, group=group.state(), cache=cache,
+                                cache_limit=cache_limit)
     return resume_group(group, journal, verb="restore")

@@ -75,6 +75,8 @@ class Options:
     gpu_map: dict = None           # {old uuid: new uuid} for resume
     verify: bool = True            # check every chunk a load reads against its name
     hold_kind: str = "suspension"  # what holds the ref in the store ("dump" for a CRIU dump)
+    cache: str = None              # the node cache, read before the store on the way back
+    cache_limit: int = None
 
 
 class Group:
@@ -280,8 +282,38 @@ class Group:
                 control.request(unit.owner, "adopt", id=unit.id, timeout=600,
                                 **self._devices_field(unit.owner))
 
+    def _open_for_load(self):
+        """The store, read through the node cache where one is configured (what `store prefetch`
+        filled); a cache that cannot be opened is skipped with a warning, never fatal."""
+        cache = None
+        if self.options.cache:
+            from ..store.cache import NodeCache
+            try:
+                cache = NodeCache.open(self.options.cache, self.options.cache_limit)
+            except Error as e:
+                self.report(f"warning: node cache {self.options.cache} not used: {e}")
+        return Store.open(self.options.store, cache=cache)
+
+    def check_loadable(self):
+        """Before a resume changes anything: every chunk the load will read is in the store (stat
+        only) or the node cache. StoreError naming the first problems; the group stays as it is."""
+        from ..errors import StoreError
+        if "release" not in self.done:
+            return  # nothing was released: nothing to load
+        with self._open_for_load() as store:
+            if self.manifest is None:
+                self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
+            problems = [p for p in store.check_chunks(self.manifest)
+                        if store.cache is None or not store.cache.contains(p.chunk)]
+        if problems:
+            listed = "; ".join(f"{p.kind} {p.path}" + (f" ({p.detail})" if p.detail else "")
+                               for p in problems[:5])
+            raise StoreError(f"{self.options.store}: {len(problems)} chunk(s) of {self.options.ref} "
+                             f"cannot be read: {listed}; nothing was changed, the processes stay "
+                             "suspended: repair the store (or point --store at a copy) and resume again")
+
     def _load(self):
-        with Store.open(self.options.store) as store:
+        with self._open_for_load() as store:
             if self.manifest is None:  # a resume in a process other than the one that saved
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
             allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}

@@ -51,6 +51,7 @@ class SuspendWork(holder.Work):
 
 
 def resume_group(group, journal, verb="resume"):
+    group.check_loadable()  # a store that lost a chunk changes nothing
     before = journal.state  # suspended, or held (a rollback that failed): what a failure leaves
     journal.set(state=jn.RESUMING)
     try:
@@ -95,7 +96,8 @@ def recover(journal, gpu_map=None, report=print, verify=None):
     journal.adopt()
     report(f"the process that held group {journal.key} is gone; resuming from its journal")
     options = Options(store=journal.data["store"], ref=journal.data["ref"], gpu_map=gpu_map or None,
-                      verify=journal.data.get("verify", True) if verify is None else verify)
+                      verify=journal.data.get("verify", True) if verify is None else verify,
+                      cache=journal.data.get("cache"), cache_limit=journal.data.get("cache_limit"))
     group = Group.from_state(journal.data["group"], options, report)
     return resume_group(group, journal)
 

@@ -125,7 +125,11 @@ def pre_restore(action):
     if rec is None:
         return 0
     statedir.write_json(_restore_state(), {"record": rec, "store": store, "gpu_map": gpu_map,
-                                            "verify": settings.verify, "images_dir": images_dir})
+                                            "verify": settings.verify, "images_dir": images_dir,
+                                            "cache": settings.cache, "cache_limit": settings.cache_limit})
+    if settings.cache:
+        warmed = restore_engine.warm_cache(rec, store, settings.cache, settings.cache_limit)
+        _say(action, f"node cache {settings.cache}: {warmed.fetched} chunk(s) fetched")
     _say(action, f"image {images_dir}: GPU state of {len(rec['processes'])} process(es) in "
                  f"{store or rec['store']} ({rec['ref']}), every chunk present")
     return 0
@@ -146,7 +150,8 @@ def post_resume(action):
     statedir.remove(_restore_state())
     root = state.get("root") or _init_pid()
     summary = restore_engine.run(state["record"], root, state["store"], state["gpu_map"],
-                                 state["verify"], report=lambda m: _say(action, m))
+                                 state["verify"], report=lambda m: _say(action, m),
+                                 cache=state.get("cache"), cache_limit=state.get("cache_limit"))
     _say(action, f"GPU state of {len(summary['pids'])} process(es) is back")
     return 0
 
