@@ -15,6 +15,7 @@ Out (DESIGN.md section 3, steps 1-5; CRIU's pre-dump runs the same list without 
   freeze    every CPU thread stopped with ptrace, except the driver's restore thread and the shim's
             (before the checkpoint unmaps memory those threads could touch)
   checkpoint cuCheckpointProcessCheckpoint of every pid at once
+  vacate    (CRIU only) no process still holds a /dev/nvidia* file or mapping: CRIU could not dump it
 Back (UNDO: each runs when the step it undoes was begun):
   restore   cuCheckpointProcessRestore of every CHECKPOINTED pid at once (GPU map by UUID); a failure
             leaves every pid as it is, and resume can be retried
@@ -46,7 +47,7 @@ QUIESCE_RETRY_S = 0.25
 
 # The step lists (run by engine/runner.py). CRIU seizes the tasks itself, so its list has no freeze.
 IN_PLACE = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint")
-CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "checkpoint")
+CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "checkpoint", "vacate")
 # Resume and rollback: (step whose effect it undoes, undo step), in the order they run. An undo runs
 # when the step it undoes is recorded as done (begun).
 UNDO = (("checkpoint", "restore"),
@@ -151,7 +152,8 @@ class Group:
                 "void": self._void, "lock": self._lock, "freeze": self._freeze,
                 "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
                 "thaw": self.freezer.thaw, "recreate": self._recreate, "load": self._load,
-                "attach": self._attach, "reopen": lambda: self._each_shim("resume")}[name]
+                "attach": self._attach, "reopen": lambda: self._each_shim("resume"),
+                "vacate": self._check_vacated}[name]
 
     # -- suspend -------------------------------------------------------------------------------
 
@@ -257,6 +259,23 @@ class Group:
         # Only processes with CUDA state lose mappings at the checkpoint; the others run on.
         for pid in self.pids_with_cuda():
             self.freezer.freeze(pid, {ck.restore_thread_id(pid)})
+
+    def _check_vacated(self):
+        """Before CRIU dumps: no process of the group may still hold a /dev/nvidia* file (CRIU
+        cannot dump one, and the image would hold GPU state it cannot restore). Naming what is
+        left, and where, here beats CRIU's "Can't handle non-regular mapping" later."""
+        from ..errors import ProcessError
+        from ..shimctl.processes import gpu_device_fds, gpu_device_mappings
+        for pid in self.pids:
+            left = gpu_device_mappings(pid) + [f"fd {fd} {t}" for fd, t in gpu_device_fds(pid).items()]
+            if left:
+                state = ck.state_if_initialized(pid) if pid in self.pids_with_cuda() else None
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+                raise ProcessError(pid, f"({cmd}) still holds {len(left)} GPU device file(s) after "
+                                   f"the driver checkpoint (driver state: "
+                                   f"{state.value if state else 'no CUDA state'}): "
+                                   f"{'; '.join(left[:4])}; CRIU could not dump it")
 
     # -- resume and rollback -------------------------------------------------------------------
 

@@ -49,6 +49,20 @@ def gpu_device_fds(pid):
     return fds
 
 
+def gpu_device_mappings(pid):
+    """["<start address> <path>"] of the /dev/nvidia* files process pid maps."""
+    out = []
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                fields = line.split(None, 5)
+                if len(fields) == 6 and fields[5].strip().startswith(GPU_DEVICE_PREFIX):
+                    out.append(f"0x{fields[0].split('-')[0]} {fields[5].strip()}")
+    except FileNotFoundError as e:
+        raise ProcessError(pid, "no such process") from e
+    return out
+
+
 def cuda_and_shim(pid):
     """(has the CUDA driver loaded, runs with criu-gpushare's shim), from one read of its maps."""
     names = {os.path.basename(p) for p in _maps_paths(pid)}
