@@ -1,0 +1,37 @@
+"""The GPU chunk ids (criu_gpushare/gpu/fingerprint.py) are the store's, bit for bit; and fast.
+
+Runs tests/gpu/fingerprint_check.py in a child process (pytest itself never loads the driver) and
+records `PROBE fingerprint gbps=... secs=... gib=...` (printed, and appended to $PROBE_RECORD).
+Standalone: python3 -m pytest tests/gpu/test_fingerprint.py
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from probe_harness import NO_MULTICAST_ENV, record
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+@pytest.mark.timeout(300)
+def test_gpu_chunk_ids_match_xxhash_and_throughput(capsys):
+    env = {**os.environ, **NO_MULTICAST_ENV}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run([sys.executable, str(HERE / "fingerprint_check.py"), "--gib", "8"],
+                          env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    with capsys.disabled():
+        print()
+        record("fingerprint", gib=out["gib"], chunks=out["chunks"], secs=out["secs"],
+               gbps=out["gbps"], one_chunk_ms=out["one_chunk_ms"], est_40gib_s=out["est_40gib_s"],
+               checked=out["checked"], mismatches=len(out["mismatches"]),
+               device=out["device"].replace(" ", "_"))
+    assert not out["mismatches"], "\n".join(out["mismatches"])
+    assert out["checked"] > 100
