@@ -155,8 +155,9 @@ class GpuHasher:
                     want = chunk_id(data[shift:shift + n])
                     if got != want:
                         return f"{n} bytes: GPU {got}, CPU {want}"
-            ids = self.chunk_ids(buf, 65 * 1024 + 7, 4096)
-            want = [chunk_id(data[o:o + 4096]) for o in range(0, 65 * 1024 + 7, 4096)]
+            total = 65 * 1024 + 7
+            ids = self.chunk_ids(buf, total, 4096)
+            want = [chunk_id(data[o:min(o + 4096, total)]) for o in range(0, total, 4096)]
             if ids != want:
                 return "chunked hashing differs from the CPU's"
         finally:
