@@ -136,7 +136,13 @@ class CopyEngine:
         hasher = self.hasher(device)
         if hasher is None or not hasher.supports(ptr, self.chunk_size):
             return none, none
-        ids = hasher.chunk_ids(ptr, size, self.chunk_size, stream)
+        try:
+            ids = hasher.chunk_ids(ptr, size, self.chunk_size, stream)
+        except DriverError as e:  # e.g. no GPU memory left for a larger id buffer: copy it all
+            log.warning("GPU chunk hashing failed on GPU %s, copying every chunk: %s", device, e)
+            self._hashers[device] = None
+            hasher.close()
+            return none, none
         store = getattr(self.store, "store", self.store)  # a WriteSession's Store, or the Store
         chunk_dir = getattr(store, "chunks", None)
         known = []

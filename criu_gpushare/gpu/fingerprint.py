@@ -58,6 +58,13 @@ class GpuHasher:
             cu.cuModuleUnload(self.module)
             raise
         self._out, self._out_bytes = None, 0
+        try:
+            # ids of up to 1024 chunks (64 GiB in 64 MiB chunks) without an allocation per call:
+            # by suspend time the workload may have taken nearly all GPU memory
+            self._reserve(16 * 1024)
+        except BaseException:
+            self.close()
+            raise
 
     @classmethod
     def create(cls, device, self_test=True):
@@ -124,12 +131,7 @@ class GpuHasher:
         use_device(self.device)
         count = max(1, -(-size // chunk_size))
         need = 16 * count
-        if need > self._out_bytes:
-            if self._out is not None:
-                cu.cuMemFree(self._out)
-                self._out, self._out_bytes = None, 0
-            self._out = drv.check(cu.cuMemAlloc(need), "allocate the chunk id buffer")
-            self._out_bytes = need
+        self._reserve(need)
         params = ((int(dev_ptr), size, chunk_size, int(self._out)),
                   (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p))
         drv.check(cu.cuLaunchKernel(self.function, count, 1, 1, THREADS, 1, 1, 0, stream, params, 0),
@@ -138,6 +140,17 @@ class GpuHasher:
         drv.check(cu.cuMemcpyDtoHAsync(host, self._out, need, stream), "copy the chunk ids to the host")
         drv.check(cu.cuStreamSynchronize(stream), "hash chunks on the GPU")
         return [f"{host[2 * i + 1]:016x}{host[2 * i]:016x}" for i in range(count)]
+
+    def _reserve(self, need):
+        """A device buffer of at least `need` bytes for the ids."""
+        if need <= self._out_bytes:
+            return
+        cu = drv.driver()
+        if self._out is not None:
+            cu.cuMemFree(self._out)
+            self._out, self._out_bytes = None, 0
+        self._out = drv.check(cu.cuMemAlloc(need), "allocate the chunk id buffer")
+        self._out_bytes = need
 
     def self_test(self):
         """Hash a few inputs of the lengths in SELF_TEST_LENGTHS on the GPU and on the CPU;
