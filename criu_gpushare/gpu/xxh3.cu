@@ -106,7 +106,10 @@ __device__ __forceinline__ u64 avalanche(u64 h)
     return h ^ (h >> 32);
 }
 
-__device__ __forceinline__ u64 swap64(u64 x) { return ((u64)__byte_perm((u32)x, 0, 0x0123) << 32) | __byte_perm((u32)(x >> 32), 0, 0x0123); }
+__device__ __forceinline__ u64 swap64(u64 x)
+{
+    return ((u64)__byte_perm((u32)x, 0, 0x0123) << 32) | __byte_perm((u32)(x >> 32), 0, 0x0123);
+}
 __device__ __forceinline__ u32 swap32(u32 x) { return __byte_perm(x, 0, 0x0123); }
 __device__ __forceinline__ u32 rotl32(u32 x, int r) { return (x << r) | (x >> (32 - r)); }
 
