@@ -8,7 +8,9 @@ this order, and never linked against libcuda (it finds the driver at run time):
 Anything else is a fatal error that says what to set.
 """
 import glob
+import hashlib
 import os
+import subprocess
 import sys
 
 from setuptools import Extension, setup
@@ -56,8 +58,41 @@ def find_cuda_include():
              + ". Set CUDA_HOME to a CUDA 13 toolkit or `pip install nvidia-cuda-runtime`.")
 
 
+PTX_SOURCE = "criu_gpushare/gpu/xxh3.cu"
+PTX_FILE = "criu_gpushare/gpu/xxh3.ptx"
+
+
+def ptx_is_stale(ptx_path=PTX_FILE, source=PTX_SOURCE):
+    """Whether the PTX's recorded source hash (scripts/build-ptx.sh writes it) is not the .cu's."""
+    with open(source, "rb") as f:
+        want = hashlib.sha256(f.read()).hexdigest()
+    try:
+        with open(ptx_path) as f:
+            f.readline()
+            return f.readline().strip() != f"// source-sha256: {want}"
+    except FileNotFoundError:
+        return True
+
+
+def build_ptx(out_path):
+    """The GPU hashing kernel's PTX, by scripts/build-ptx.sh. Only when the committed PTX is older
+    than xxh3.cu, or CRIU_GPUSHARE_BUILD_PTX=1: otherwise the committed PTX (the one tested on a
+    GPU) ships as it is. Without nvcc, a stale PTX is a warning: the tool then hashes on the CPU
+    only if the kernel fails its self-test, so rebuild it where a toolkit is installed."""
+    if os.environ.get("CRIU_GPUSHARE_BUILD_PTX") != "1" and not ptx_is_stale():
+        return
+    r = subprocess.run(["scripts/build-ptx.sh", out_path], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"criu-gpushare: warning: {PTX_FILE} not rebuilt: {r.stderr.strip()}", file=sys.stderr)
+
+
 class BuildShim(build_ext):
-    """Builds the shim as a plain shared library named libcriu_gpushare.so."""
+    """Builds the shim as a plain shared library named libcriu_gpushare.so, and the PTX of the
+    GPU hashing kernel when it needs rebuilding (build_ptx)."""
+
+    def run(self):
+        super().run()
+        build_ptx(PTX_FILE if self.inplace else os.path.join(self.build_lib, PTX_FILE))
 
     def get_ext_filename(self, ext_name):
         # Called with the full dotted name or with its last part only (setuptools does both).

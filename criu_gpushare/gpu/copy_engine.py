@@ -7,16 +7,30 @@ its previous chunk is stored.
 Loading: workers read chunks from the store into the slots ahead of time (in parallel); in order,
 each filled slot is copied host->device on the stream; a slot is refilled once its copy has ended.
 All-zero chunks are never stored and are loaded with a memset.
+
+Unchanged chunks never cross the link (store/FORMAT.md section 13): before copying an allocation,
+the engine computes every chunk's id on the GPU (fingerprint.GpuHasher: XXH3-128, the store's
+content address). A chunk whose id is the all-zero id, or that the store already holds with that
+size (its mtime refreshed as a PRESENT put does), goes into the manifest without a copy; only the
+others are copied and put, and put's own (CPU) id of each must equal the GPU's. Without a usable
+hasher (CRIU_GPUSHARE_GPU_HASH=0, a driver that runs no kernels such as the tests' fake, a pointer
+not 16-byte aligned) every chunk is copied, as before.
 """
 import concurrent.futures
 import dataclasses
+import logging
 import os
 import time
 
 from . import driver as drv
+from .fingerprint import GpuHasher
 from .memory import PinnedBuffer, use_device
+from ..errors import DriverError
+from ..store.layout import zero_chunk_id
 from ..store.manifest import Allocation
-from ..store.results import PutStatus
+from ..store.results import PutResult, PutStatus
+
+log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 64 << 20
 
@@ -30,11 +44,17 @@ def _settle(futures):
 
 @dataclasses.dataclass
 class CopyStats:
-    """What moved: bytes copied over the link, newly written, already stored (dedup), all zero."""
+    """What moved: bytes copied over the link, newly written, already stored (dedup), all zero.
+
+    written + deduplicated + zero is the size saved. `unchanged` is the part of deduplicated +
+    zero that never crossed the link (its id, computed on the GPU, was the zero id or a stored
+    chunk's); copied + unchanged is the size saved.
+    """
     copied: int = 0
     written: int = 0
     deduplicated: int = 0
     zero: int = 0
+    unchanged: int = 0
     seconds: float = 0.0
 
     def add(self, other):
@@ -49,19 +69,26 @@ class CopyEngine:
     """One per tool run: owns the pinned ring (slow to allocate) and the worker threads."""
 
     def __init__(self, store, ring_slots=16, chunk_size=CHUNK_SIZE, workers=None, verify_loads=False,
-                 progress=None):
+                 progress=None, gpu_hash=True):
+        """`store`: a Store or a WriteSession (puts go through it). gpu_hash=False copies every
+        chunk even where the GPU could tell it unchanged (CRIU_GPUSHARE_GPU_HASH=0 does too)."""
         # Measured on an H200 (16 cores, store on tmpfs): 8 slots/8 workers 9.8 GB/s out, 16/16 14.2.
         workers = workers or min(16, os.cpu_count() or 4)
         self.store, self.chunk_size, self.verify_loads = store, chunk_size, verify_loads
         self.ring_slots, self.progress = ring_slots, progress or (lambda n: None)
+        self.gpu_hash = gpu_hash
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="copy")
         self._ring = None
         self._streams = {}
         self._events = {}
+        self._hashers = {}  # device -> GpuHasher, or None where none is usable
 
     def close(self):
         self.pool.shutdown(wait=True)
         cu = drv.driver()
+        for hasher in self._hashers.values():
+            if hasher is not None:
+                hasher.close()
         for buf in self._ring or []:
             buf.free()
         for stream in self._streams.values():
@@ -76,11 +103,12 @@ class CopyEngine:
     def __exit__(self, *exc):
         self.close()
 
-    def prepare(self, device):
-        """The ring (shared by all devices) and a stream + per-slot events on this device."""
+    def prepare(self, device, ring=True):
+        """The ring (shared by all devices; with ring=False not yet) and a stream + per-slot
+        events on this device."""
         cu = drv.driver()
         use_device(device)
-        if self._ring is None:
+        if ring and self._ring is None:
             self._ring = [PinnedBuffer(self.chunk_size) for _ in range(self.ring_slots)]
         if device not in self._streams:
             flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
@@ -92,11 +120,54 @@ class CopyEngine:
     def _chunks(self, size):
         return [(off, min(self.chunk_size, size - off)) for off in range(0, size, self.chunk_size)]
 
+    def hasher(self, device):
+        """The GpuHasher of `device`, made at first use; None when none is usable (then, once,
+        a debug line says why)."""
+        if device not in self._hashers:
+            self._hashers[device] = GpuHasher.create(device) if self.gpu_hash else None
+        return self._hashers[device]
+
+    def _known(self, ptr, size, device, stream):
+        """Per chunk: its GPU id, and a PutResult when it needs no copy (all zero, or present in
+        the store: mtime refreshed, as Store.put does for a PRESENT chunk). ([None]*n, [None]*n)
+        without a usable hasher."""
+        chunks = self._chunks(size)
+        none = [None] * len(chunks)
+        hasher = self.hasher(device)
+        if hasher is None or not hasher.supports(ptr, self.chunk_size):
+            return none, none
+        try:
+            ids = hasher.chunk_ids(ptr, size, self.chunk_size, stream)
+        except DriverError as e:  # e.g. no GPU memory left for a larger id buffer: copy it all
+            log.warning("GPU chunk hashing failed on GPU %s, copying every chunk: %s", device, e)
+            self._hashers[device] = None
+            hasher.close()
+            return none, none
+        store = getattr(self.store, "store", self.store)  # a WriteSession's Store, or the Store
+        chunk_dir = getattr(store, "chunks", None)
+        known = []
+        for cid, (_, length) in zip(ids, chunks):
+            if cid == zero_chunk_id(length):
+                known.append(PutResult(None, length, PutStatus.ZERO))
+            elif chunk_dir is not None and _claim_present(chunk_dir, cid, length):
+                known.append(PutResult(cid, length, PutStatus.PRESENT))
+            else:
+                known.append(None)
+        return ids, known
+
     def save(self, key, ptr, size, device, meta=None):
         """Copy `size` bytes at device pointer `ptr` into the store; (manifest Allocation, CopyStats)."""
         cu = drv.driver()
-        stream, events = self.prepare(device)
+        stream, events = self.prepare(device, ring=False)
         t0 = time.monotonic()
+        gpu_ids, known = self._known(ptr, size, device, stream)
+        results = list(known)
+        unchanged = sum(r.length for r in known if r is not None)
+        if unchanged:
+            self.progress(unchanged)
+        todo = [(i, off, length) for i, (off, length) in enumerate(self._chunks(size)) if known[i] is None]
+        if todo:
+            self.prepare(device)  # the pinned ring, only when something is to cross the link
         pending = [None] * self.ring_slots
         futures = []
 
@@ -108,8 +179,8 @@ class CopyEngine:
             return result
 
         try:
-            for i, (off, length) in enumerate(self._chunks(size)):
-                slot = i % self.ring_slots
+            for n, (i, off, length) in enumerate(todo):
+                slot = n % self.ring_slots
                 if pending[slot] is not None:
                     pending[slot].result()  # the slot's previous chunk is stored: reuse it
                 drv.check(cu.cuMemcpyDtoHAsync(self._ring[slot].ptr, int(ptr) + off, length, stream),
@@ -117,11 +188,15 @@ class CopyEngine:
                 drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
                 pending[slot] = self.pool.submit(store_slot, slot, length)
                 futures.append(pending[slot])
-            results = [f.result() for f in futures]
+            for (i, off, length), f in zip(todo, futures):
+                results[i] = f.result()
         except BaseException:
             _settle(futures)
             raise
-        stats = CopyStats(copied=size, seconds=time.monotonic() - t0)
+        for (i, off, length) in todo:
+            if gpu_ids[i] is not None:
+                _check_same_id(key, off, gpu_ids[i], results[i])
+        stats = CopyStats(copied=size - unchanged, unchanged=unchanged, seconds=time.monotonic() - t0)
         for r in results:
             if r.status is PutStatus.NEW:
                 stats.written += r.length
@@ -189,3 +264,20 @@ class CopyEngine:
         stats.seconds = time.monotonic() - t0
         return stats
 
+
+
+def _claim_present(chunk_dir, cid, length):
+    """Whether the store holds chunk `cid` with `length` bytes, refreshing its mtime if so: what
+    Store.put does for a chunk already present (FORMAT.md section 3; gc's grace rule, section 8,
+    needs the refresh). A failed refresh means gc took it meanwhile: absent, to be written anew."""
+    st = chunk_dir.stat(cid)
+    return st is not None and st.st_size == length and chunk_dir.touch(cid)
+
+
+def _check_same_id(key, off, gpu_id, result):
+    """A copied chunk's id as put computed it (CPU) must be the GPU's: else the GPU hash cannot
+    be trusted, nor the chunks it called unchanged, and the save fails."""
+    cpu_id = result.chunk_id if result.chunk_id is not None else zero_chunk_id(result.length)
+    if cpu_id != gpu_id:
+        raise DriverError(f"{key}: the chunk at offset {off} hashed to {gpu_id} on the GPU but "
+                          f"{cpu_id} on the CPU; save with CRIU_GPUSHARE_GPU_HASH=0 and report this")

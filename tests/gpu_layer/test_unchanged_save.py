@@ -1,0 +1,48 @@
+"""The copy engine's save path around GPU chunk ids (fake driver, a CPU stand-in for the kernel)."""
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MiB = 1 << 20
+
+
+def run(env, *args):
+    r = subprocess.run([sys.executable, os.path.join(HERE, "unchanged_save.py"), *map(str, args)],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def test_unchanged_chunks_do_not_cross_the_link(fake_env, tmp_path):
+    out = run(fake_env, tmp_path / "store")
+    # The fake runs no kernels: no hasher, every chunk copied, as before.
+    assert out["fake_hasher"] is False
+    assert out["plain"]["copied"] == 8 * MiB and out["plain"]["unchanged"] == 0
+    assert out["plain"]["written"] == 6 * MiB and out["plain"]["zero"] == 2 * MiB
+    # With chunk ids from the device: nothing copied, the same manifest, the chunks' times refreshed.
+    again = out["again"]
+    assert again["copied"] == 0 and again["unchanged"] == 8 * MiB
+    assert again["dedup"] == 6 * MiB and again["zero"] == 2 * MiB and again["written"] == 0
+    assert again["ids"] == out["plain"]["ids"]
+    assert out["refreshed"]
+    assert out["ring_allocated"] is False  # nothing to copy: no pinned ring either
+    # A chunk missing from the store and a chunk rewritten on the device cross the link again.
+    third = out["third"]
+    assert third["copied"] == 2 * MiB and third["unchanged"] == 6 * MiB and third["written"] == 2 * MiB
+    assert third["ids"][2] == again["ids"][2] and third["ids"][5] != again["ids"][5]
+    # A device id that differs from the CPU's for a copied chunk fails the save.
+    assert "hashed to" in out["lie"] and "CRIU_GPUSHARE_GPU_HASH=0" in out["lie"]
+    assert out["hasher_calls"] == 2
+
+
+def test_switched_off_by_the_environment(fake_env, tmp_path):
+    from criu_gpushare.gpu import fingerprint
+    env = dict(fake_env, CRIU_GPUSHARE_GPU_HASH="0")
+    assert run(env, tmp_path / "store")["fake_hasher"] is False
+    os.environ[fingerprint.ENV_SWITCH] = "0"
+    try:
+        assert fingerprint.GpuHasher.create(0) is None  # off: the driver is not even asked
+    finally:
+        del os.environ[fingerprint.ENV_SWITCH]
