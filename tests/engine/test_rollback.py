@@ -138,7 +138,8 @@ def test_store_moved_away_then_back(lc, workload, tmp_path):
     suspend(lc, a.pid, b.pid)
     os.rename(lc.store, lc.store + ".away")
     r = resume(lc, a.pid, ok=False)
-    assert r.returncode != 0 and "resume failed at step load" in r.stderr, r.stderr
+    # found before anything changes: the driver restore has not even begun
+    assert r.returncode == 6 and "no store here" in r.stderr and "restore..." not in r.stderr, r.stderr
     os.rename(lc.store + ".away", lc.store)
     resume(lc, a.pid)
     assert values(b, "buf") == [42] * 4
