@@ -29,7 +29,8 @@
 #   8. writes OUT/summary.txt (every probe row PASS/FAIL/SKIP/NOT RUN with its figures) and prints it.
 # GPU_PARTS (default "gpu real example") picks the parts of step 6 to run, so a run fits a time
 # limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
-# the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as GPU_BENCH=1).
+# the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as
+# GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator").
 # Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
 # run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
 # every test passed or skipped, 1 otherwise.
@@ -233,26 +234,35 @@ fi
 if [[ $PARTS == *" example "* ]]; then
 banner "example: PyTorch processes sharing GPU memory, dumped, killed, restored"
 command -v criu-gpushare >/dev/null || export CRIU_GPUSHARE="python3 -m criu_gpushare.cli"
-timeout -k 20 "${EXAMPLE_TIMEOUT_S:-300}" examples/torch_dump_restore.sh "$OUT/example" 2>&1 | tee "$OUT/example.txt"
+example_dir=$(mktemp -d)  # its image and store stay out of OUT (too many files to bring back)
+timeout -k 20 "${EXAMPLE_TIMEOUT_S:-300}" examples/torch_dump_restore.sh "$example_dir" 2>&1 | tee "$OUT/example.txt"
 step "examples/torch_dump_restore.sh" "${PIPESTATUS[0]}"
+mkdir -p "$OUT/example"
+cp "$example_dir"/*.log "$example_dir"/images/*.log "$example_dir"/images/criu-gpushare.json "$OUT/example/" 2>/dev/null
+rm -rf "$example_dir"
 fi
 
 if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks are not tests: only on request
     banner "benchmarks"
-    timeout 200 python3 bench/copy_bench.py --gib 8 2>&1 | tee "$OUT/bench.txt"
-    timeout 200 python3 bench/shim_bench.py --repeat 7 2>&1 | tee -a "$OUT/bench.txt"
+    BENCHES=" ${BENCHES:-copy shim checkpoint allocator} "
+    if [[ $BENCHES == *" copy "* ]]; then timeout 200 python3 bench/copy_bench.py --gib 8 2>&1 | tee "$OUT/bench.txt"; fi
+    if [[ $BENCHES == *" shim "* ]]; then timeout 200 python3 bench/shim_bench.py --repeat 7 2>&1 | tee -a "$OUT/bench.txt"; fi
     # No driver checkpoint call of these overlaps another: each bench runs alone, in sequence.
+    if [[ $BENCHES == *" checkpoint "* ]]; then
     timeout -k 30 "${BENCH_TIMEOUT_S:-900}" python3 bench/checkpoint_bench.py --scale "${BENCH_SCALE:-0.25}" \
         --json-out "$OUT/bench-checkpoint.json" ${BENCH_CRIU:+--criu} 2>&1 | tee "$OUT/bench-checkpoint.txt"
     rc=${PIPESTATUS[0]}
     [ "$rc" -eq 124 ] && echo "gpu-tests: checkpoint_bench stopped by the ${BENCH_TIMEOUT_S:-900} s timeout"
     step "bench/checkpoint_bench.py (scale ${BENCH_SCALE:-0.25})" "$rc"
     kill_leftover_probes >>"$OUT/bench-checkpoint.txt" 2>&1
+    fi
+    if [[ $BENCHES == *" allocator "* ]]; then
     timeout -k 30 "${BENCH_ALLOC_TIMEOUT_S:-600}" python3 bench/allocator_bench.py --gib "${BENCH_ALLOC_GIB:-8}" \
         --json-out "$OUT/bench-allocator.json" 2>&1 | tee "$OUT/bench-allocator.txt"
     rc=${PIPESTATUS[0]}
     [ "$rc" -eq 124 ] && echo "gpu-tests: allocator_bench stopped by the ${BENCH_ALLOC_TIMEOUT_S:-600} s timeout"
     step "bench/allocator_bench.py (${BENCH_ALLOC_GIB:-8} GiB)" "$rc"
+    fi
 fi
 
 finish
