@@ -250,7 +250,7 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
     # No driver checkpoint call of these overlaps another: each bench runs alone, in sequence.
     if [[ $BENCHES == *" checkpoint "* ]]; then
     timeout -k 30 "${BENCH_TIMEOUT_S:-900}" python3 bench/checkpoint_bench.py --scale "${BENCH_SCALE:-0.25}" \
-        --json-out "$OUT/bench-checkpoint.json" ${BENCH_CRIU:+--criu} 2>&1 | tee "$OUT/bench-checkpoint.txt"
+        --json-out "$OUT/bench-checkpoint.json" ${BENCH_CRIU:+--criu} ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench-checkpoint.txt"
     rc=${PIPESTATUS[0]}
     [ "$rc" -eq 124 ] && echo "gpu-tests: checkpoint_bench stopped by the ${BENCH_TIMEOUT_S:-900} s timeout"
     step "bench/checkpoint_bench.py (scale ${BENCH_SCALE:-0.25})" "$rc"
