@@ -20,6 +20,7 @@ from ..shimctl import client as control
 from ..shimctl.processes import process_tree, uses_cuda
 from ..store.store import Store
 from . import journal as jn, record
+from .faults import fault_point
 from .runner import Runner
 from .steps import CRIU_PRE_DUMP, Group, Options
 from .suspension import release_holds
@@ -102,6 +103,7 @@ class DumpJob:
             store.sync()
         self.completed = True
         self.journal.set(completed=True)
+        fault_point("post-dump")
 
     def after_criu(self):
         """CRIU has exited: give running tasks their GPU state back; drop an incomplete dump."""

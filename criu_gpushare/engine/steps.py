@@ -228,14 +228,18 @@ class Group:
             self.manifest_id = session.commit(self.options.ref, self.manifest)
 
     def _progress(self, total, verb):
-        state = {"done": 0, "next": 0.0}
+        """A line a second on long copies: bytes so far, rate, time left."""
+        state = {"done": 0, "next": 0.0, "start": time.monotonic()}
 
         def progress(n):
             state["done"] += n
             now = time.monotonic()
             if now >= state["next"] or state["done"] >= total:
                 state["next"] = now + 1.0
-                self.report(f"  {verb} {_size(state['done'])} / {_size(total)}")
+                rate = state["done"] / max(now - state["start"], 1e-6)
+                left = (total - state["done"]) / rate if rate else 0.0
+                self.report(f"  {verb} {_size(state['done'])} / {_size(total)}, "
+                            f"{rate / 1e9:.1f} GB/s, {left:.0f} s left")
         return progress
 
     def _release(self):
@@ -371,19 +375,21 @@ class Group:
         return {"state": what, "pids": self.pids, "ref": self.options.ref,
                 "seconds": {k: round(v, 3) for k, v in self.times.items()},
                 "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
-                          "zero": s.zero},
+                          "zero": s.zero, "unchanged": s.unchanged},
                 "units": len(self.units), "attachments": len(self.attachments)}
 
 
 def format_summary(summary):
-    """The final line: time per phase, bytes copied, written, deduplicated."""
+    """The final line: time per phase, bytes copied, written, deduplicated, zero, and skipped as
+    unchanged (never crossed the link)."""
     secs = summary["seconds"]
     b = summary["bytes"]
     phases = ", ".join(f"{k} {v:.2f}s" for k, v in secs.items())
     moved = "copied" if summary["state"] != "resumed" else "loaded"
     return (f"{summary['state']} {len(summary['pids'])} process(es): {phases}; "
             f"{_size(b['copied'])} {moved}, {_size(b['written'])} written, "
-            f"{_size(b['deduplicated'])} deduplicated, {_size(b['zero'])} zero")
+            f"{_size(b['deduplicated'])} deduplicated, {_size(b['zero'])} zero, "
+            f"{_size(b.get('unchanged', 0))} skipped as unchanged")
 
 
 def _size(n):

@@ -234,3 +234,56 @@ def test_a_restore_that_fails_after_criu_stays_held_and_resume_finishes_it(env, 
     r = cli(env, "resume", a.pid)
     assert r.returncode == 0, r.stderr
     assert_back(env, a, b)
+
+
+def criu_run(criu, env, args, images, log, fault=None):
+    tool = dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}))
+    return subprocess.run([criu, *args, "-D", str(images), "--action-script", HOOK, "-o", log],
+                          env=tool, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+@pytest.mark.parametrize("phase", ["copy", "release", "checkpoint"])
+def test_the_hooks_holder_killed_at_pre_dump_is_recovered_by_resume(env, tree, tmp_path, criu, phase):
+    parent, a, b = tree
+    images = tmp_path / "images"
+    images.mkdir()
+    r = criu_run(criu, env, ["dump", "-t", str(parent.pid)], images, "dump.log", f"{phase}:kill")
+    assert r.returncode != 0  # CRIU aborted the dump: the tree runs, its GPU state in the journal
+    log = (images / "dump.log").read_text()
+    assert "criu-gpushare resume" in log, log[-3000:]
+    r = cli(env, "resume", a.pid)
+    assert r.returncode == 0, r.stderr
+    assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_the_hooks_holder_killed_after_post_dump_of_a_leave_running_dump(env, tree, tmp_path, criu):
+    parent, a, b = tree
+    images = tmp_path / "images"
+    images.mkdir()
+    r = criu_run(criu, env, ["dump", "-t", str(parent.pid), "--leave-running"], images, "dump.log",
+                 "post-dump:kill")
+    assert r.returncode != 0  # post-dump got no answer: CRIU fails the dump, the tree runs on
+    r = cli(env, "resume", b.pid)
+    assert r.returncode == 0, r.stderr
+    assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_the_hook_killed_at_post_resume_is_recovered_by_resume(env, tree, tmp_path, criu):
+    parent, a, b = tree
+    images = tmp_path / "images"
+    images.mkdir()
+    r = criu_run(criu, env, ["dump", "-t", str(parent.pid)], images, "dump.log")
+    assert r.returncode == 0, (images / "dump.log").read_text()[-3000:]
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    r = criu_run(criu, env, ["restore", "-d"], images, "restore.log", "load:kill")
+    assert r.returncode == 0, (images / "restore.log").read_text()[-3000:]  # CRIU only logs it
+    a.wait_ready()
+    status = cli(env, "status", a.pid)
+    assert "(restore of group" in status.stdout, status.stdout
+    r = cli(env, "resume", a.pid)
+    assert r.returncode == 0, r.stderr
+    assert_back(env, a, b)
