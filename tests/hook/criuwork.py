@@ -11,6 +11,9 @@ import time
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LC_WORKLOAD = os.path.join(TESTS, "engine", "lcworkload.py")
+sys.path.insert(0, os.path.join(TESTS, "engine"))
+# The suspend/resume tests' helpers work on anything with .do() and .pid, as Client has.
+from lctest import share, values, write  # noqa: E402,F401
 
 
 class SockWorkload:
@@ -112,27 +115,6 @@ def start_tree(tmp_path, env, n=2, plain=()):
     for c in clients:
         c.wait_ready()
     return parent, clients
-
-
-def share(exporter, importer, tmp_path, name="buf", size=4 << 20):
-    """exporter creates `name` (cuMem) and passes a POSIX-fd export to importer, which maps it."""
-    exporter.do(f"cumem {name} {size}")
-    fd = exporter.do(f"export {name}")["fd"]
-    path = str(tmp_path / f"fd-{name}-{importer.pid}")
-    importer.do(f"listen {path}")
-    exporter.do(f"sendfd {fd} {path}")
-    got = importer.do("recvfd")["fd"]
-    importer.do(f"import {name} {got} {size}")
-    importer.do(f"closefd {got}")
-
-
-def write(w, name, value):
-    w.do(f"fill {name} {value}")
-    w.do("sync")
-
-
-def values(w, name):
-    return w.do(f"read {name}")["values"]
 
 
 def kill_tree(pids):
