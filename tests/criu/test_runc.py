@@ -145,3 +145,32 @@ def test_runc_checkpoint_and_restore_run_the_configured_action_script(container,
     # A new host pid, the same pid inside the container's pid namespace (1: its init).
     assert status_field(restored, "NSpid").split()[-1] == "1"
     assert container.runs(restored)  # with its tmpfs: the ticks file came back and grows
+
+
+HOOK = shutil.which("criu-gpushare-hook")
+
+
+def test_runc_with_the_hook_of_hooks_runc_conf_passes_a_container_without_cuda(criu, tmp_path):
+    """hooks/runc.conf as a node would install it (the hook's path put in): a container without
+    CUDA is checkpointed and restored through the hook, which does nothing for it."""
+    if RUNC is None:
+        pytest.skip("runc is not installed (Debian: apt-get install runc)")
+    if HOOK is None:
+        pytest.skip("criu-gpushare-hook is not on PATH (package not installed)")
+    example = open(os.path.join(os.path.dirname(__file__), "..", "..", "hooks", "runc.conf")).read()
+    config = tmp_path / "runc.conf"
+    config.write_text(example.replace("/usr/local/bin/criu-gpushare-hook", HOOK))
+    assert HOOK in config.read_text()
+    box = Container(tmp_path, str(config))
+    try:
+        if box.runc("run", "--detach", box.id, check=False).returncode != 0:
+            pytest.skip("runc cannot start a container here (cgroups?)")
+        pid = box.pid()
+        assert pid and box.runs(pid)
+        images = str(box.bundle.parent / "images")
+        box.runc("checkpoint", "--image-path", images, box.id)
+        assert not alive(pid)
+        box.runc("restore", "--detach", "--image-path", images, box.id)
+        assert box.runs(box.pid())
+    finally:
+        box.remove()
