@@ -192,3 +192,32 @@ def test_failed_rollback_keeps_the_group_held_for_resume(lc, workload, tmp_path)
     assert "held by criu-gpushare" in lc.cli("status", a.pid).stdout
     resume(lc, b.pid)
     assert_runs_as_before(lc, a, b)
+
+
+@fake_only
+def test_a_member_another_tool_has_locked_is_refused_naming_it(lc, workload, tmp_path):
+    """Another checkpoint tool holds b locked in the driver: refused before anything changes,
+    naming b and its state; a stays running and free, b is left to the other tool."""
+    import subprocess
+    import sys
+    from shimtest import ROOT
+    a, b = pair(lc, workload, tmp_path)
+    other = subprocess.Popen([sys.executable, os.path.join(ROOT, "tests", "fake", "cuda_worker.py")],
+                             env={k: v for k, v in lc.tool.items() if k != "LD_PRELOAD"},
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().split()[:2] == ["ok", "ready"]
+        other.stdin.write(f"ck lock {b.pid}\n")
+        other.stdin.flush()
+        assert other.stdout.readline().split()[:2] == ["ok", "CUDA_SUCCESS"]
+        r = suspend(lc, a.pid, b.pid, ok=False)
+        assert r.returncode == 5 and f"process {b.pid}" in r.stderr and "locked" in r.stderr, r.stderr
+        assert not [f for f in os.listdir(lc.run_dir) if f.startswith(("pid-", "journal-"))]
+        assert shim_state(lc, a.pid) == "running"
+        other.stdin.write(f"ck unlock {b.pid}\n")
+        other.stdin.flush()
+        assert other.stdout.readline().split()[:2] == ["ok", "CUDA_SUCCESS"]
+        assert_runs_as_before(lc, a, b)
+    finally:
+        other.kill()
+        other.wait()
