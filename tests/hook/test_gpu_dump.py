@@ -287,3 +287,25 @@ def test_the_hook_killed_at_post_resume_is_recovered_by_resume(env, tree, tmp_pa
     r = cli(env, "resume", a.pid)
     assert r.returncode == 0, r.stderr
     assert_back(env, a, b)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 2 MiB tmpfs for the store: full before a 4 MiB allocation is saved."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {r.stderr.strip()}")
+    yield mnt
+    subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_a_full_disk_during_the_dump_rolls_back_and_the_store_stays_consistent(env, tree, tmp_path, small_disk):
+    parent, a, b = tree
+    store = small_disk / "store"
+    r = cli(env, "dump", parent.pid, tmp_path / "images", "--store", store)
+    assert r.returncode == 6 and "rolled back" in r.stderr, r.stderr
+    assert_back(env, a, b)
+    v = cli(env, "store", "--store", store, "verify", "--json")
+    assert v.returncode == 0, v.stdout + v.stderr
