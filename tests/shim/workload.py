@@ -128,6 +128,28 @@ class Workload:
         self.bufs[name] = {"ptr": ptr, "size": size, "handle": handle}
         return {"ptr": ptr, "handle": int(handle)}
 
+    def cmd_churn(self, cycles, size="2097152"):
+        """cycles x (cuMemCreate, map, export a POSIX fd, import it back, unmap, release, close;
+        then a cuMemAlloc and cuMemFree): everything the shim tracks, created and dropped."""
+        size = int(size)
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = 0
+        prop.requestedHandleTypes = FD_TYPE
+        for _ in range(int(cycles)):
+            handle = ok(cu.cuMemCreate(size, prop, 0))
+            va = self.map(handle, size, 0)
+            fd = int(ok(cu.cuMemExportToShareableHandle(handle, FD_TYPE, 0)))
+            imported = ok(cu.cuMemImportFromShareableHandle(fd, FD_TYPE))
+            os.close(fd)
+            ok(cu.cuMemRelease(imported))
+            ok(cu.cuMemUnmap(va, size))
+            ok(cu.cuMemAddressFree(va, size))
+            ok(cu.cuMemRelease(handle))
+            ptr = ok(cu.cuMemAlloc(size))
+            ok(cu.cuMemFree(ptr))
+
     def cmd_access(self, name, dev, prot):
         b = self.bufs[name]
         ok(cu.cuMemSetAccess(b["ptr"], b["size"], [access_desc(int(dev), prot)], 1))
