@@ -206,10 +206,44 @@ class CopyEngine:
                 stats.zero += r.length
         return Allocation.from_puts(key, results, meta), stats
 
+    def _gpu_checkable(self, allocation, ptr, device):
+        """Whether the loaded bytes can be checked on the GPU: a usable hasher, and chunks cut as
+        chunk_ids cuts them (every chunk chunk_size long but the last)."""
+        if not self.verify_loads or not allocation.chunks:
+            return False
+        hasher = self.hasher(device)
+        lengths = [c.length for c in allocation.chunks]
+        return (hasher is not None and hasher.supports(ptr, self.chunk_size)
+                and all(n == self.chunk_size for n in lengths[:-1]) and lengths[-1] <= self.chunk_size)
+
+    def _check_on_gpu(self, allocation, ptr, device, stream):
+        """Every chunk's id computed on the GPU from the bytes now there, against its name (the
+        zero id for a zero chunk). A mismatch is reloaded with the check on the host, which finds
+        a damaged cached copy (and reads the store instead) or a damaged chunk (ChunkDamaged)."""
+        cu = drv.driver()
+        ids = self.hasher(device).chunk_ids(ptr, allocation.size, self.chunk_size, stream)
+        off = 0
+        for chunk, got in zip(allocation.chunks, ids):
+            want = chunk.id if not chunk.is_zero else zero_chunk_id(chunk.length)
+            if got != want:
+                buf = self._ring[0].view[:chunk.length]
+                self.store.get(chunk.id, buf, verify=True)  # raises for a damaged chunk
+                drv.check(cu.cuMemcpyHtoD(int(ptr) + off, self._ring[0].ptr, chunk.length),
+                          f"reload a chunk of {allocation.key}")
+                if self.hasher(device).hash_region(int(ptr) + off, chunk.length, stream) != want:
+                    raise DriverError(f"{allocation.key}: chunk {want} reads back wrong from GPU "
+                                      "memory after a reload")
+            off += chunk.length
+
     def load(self, allocation, ptr, device):
-        """Copy a manifest Allocation's bytes from the store to device pointer `ptr`; CopyStats."""
+        """Copy a manifest Allocation's bytes from the store to device pointer `ptr`; CopyStats.
+
+        With verify_loads every chunk is checked against its name: on the GPU after the copy when
+        it can (the whole allocation hashed at TB/s, so the check costs the load nothing), else
+        on the host as each chunk is read."""
         cu = drv.driver()
         stream, events = self.prepare(device)
+        on_gpu = self._gpu_checkable(allocation, ptr, device)
         t0 = time.monotonic()
         chunks = allocation.chunks
         offsets, off = [], 0
@@ -220,7 +254,8 @@ class CopyEngine:
             raise ValueError(f"allocation {allocation.key}: chunks add up to {off}, not {allocation.size}")
 
         def read_slot(slot, chunk):
-            self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=self.verify_loads)
+            self.store.get(chunk.id, self._ring[slot].view[:chunk.length],
+                           verify=self.verify_loads and not on_gpu)
 
         reads = {}
         stored = [i for i, c in enumerate(chunks) if not c.is_zero]
@@ -257,6 +292,8 @@ class CopyEngine:
                 start_read(next_read)
                 next_read += 1
             drv.check(cu.cuStreamSynchronize(stream), f"finish loading {allocation.key}")
+            if on_gpu:
+                self._check_on_gpu(allocation, ptr, device, stream)
         except BaseException:
             _settle(reads.values())
             cu.cuStreamSynchronize(stream)

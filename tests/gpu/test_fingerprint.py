@@ -56,7 +56,13 @@ def test_second_save_of_unchanged_memory_copies_nothing(capsys):
         record("fingerprint_save", gib=out["gib"], first_s=first["secs"], second_s=second["secs"],
                second_no_gpu_hash_s=plain["secs"], second_copied=second["copied"],
                second_unchanged=second["unchanged"], est_40gib_s=round(second["secs"] * 40 / out["gib"], 3))
+        record("verified_load", gib=out["gib"], gpu_check_s=out["load_gpu_check"]["secs"],
+               host_check_s=out["load_host_check"]["secs"],
+               gpu_check_gbps=round(out["gib"] * (1 << 30) / out["load_gpu_check"]["secs"] / 1e9, 1),
+               host_check_gbps=round(out["gib"] * (1 << 30) / out["load_host_check"]["secs"] / 1e9, 1))
     size = int(out["gib"] * (1 << 30))
+    assert out["load_gpu_check"]["intact"], "the GPU-checked load gave other bytes"
+    assert out["damaged_refused"], "a damaged chunk was loaded without a word"
     assert out["same_manifest"]
     assert second["copied"] == 0 and second["unchanged"] == size and second["written"] == 0
     assert plain["copied"] == size and plain["unchanged"] == 0

@@ -43,6 +43,37 @@ def stats_dict(stats, seconds):
             "written": stats.written, "dedup": stats.deduplicated, "zero": stats.zero}
 
 
+def load_checks(cu, store, alloc, mem, size):
+    """Loads with every chunk checked against its name: on the GPU (the default where the kernel
+    runs) and on the host, timed; then one chunk damaged in the store must be refused."""
+    from criu_gpushare.store.chunkdir import ChunkDamaged
+    out = {}
+    for name, gpu_hash in (("load_gpu_check", True), ("load_host_check", False)):
+        drv.check(cu.cuMemsetD8(int(mem.ptr), 0, size), "clear")
+        drv.check(cu.cuCtxSynchronize(), "sync")
+        t0 = time.perf_counter()
+        with CopyEngine(store, verify_loads=True, gpu_hash=gpu_hash) as engine:
+            engine.load(alloc, mem.ptr, 0)
+            ids = engine.hasher(0).chunk_ids(mem.ptr, size, CHUNK_SIZE) if gpu_hash else None
+        out[name] = {"secs": round(time.perf_counter() - t0, 3)}
+        if ids is not None:
+            out[name]["intact"] = ids == [c.id for c in alloc.chunks]
+    victim = store.chunks.chunk_path(alloc.chunks[1].id)
+    data = bytearray(open(victim, "rb").read())
+    data[12345] ^= 0xFF
+    import os
+    os.chmod(victim, 0o644)
+    with open(victim, "wb") as f:
+        f.write(data)
+    try:
+        with CopyEngine(store, verify_loads=True) as engine:
+            engine.load(alloc, mem.ptr, 0)
+        out["damaged_refused"] = False
+    except ChunkDamaged as e:
+        out["damaged_refused"] = str(e)[:200]
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--gib", type=int, default=8)
@@ -69,6 +100,7 @@ def main():
                     out[name] = stats_dict(stats, time.perf_counter() - t0)
                     allocs[name] = [c.id for c in alloc.chunks]
             out["same_manifest"] = allocs["first"] == allocs["second"] == allocs["second_no_gpu_hash"]
+            out.update(load_checks(cu, store, alloc, mem, size))
     finally:
         cu.cuMemRelease(handle)
         if not args.store:
