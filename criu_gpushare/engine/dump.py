@@ -12,6 +12,7 @@ notifications arrive in that process) or the holder that the hook's `pre-dump` s
 CRIU holds the tasks seized between pre-dump and its exit, and no driver checkpoint call can run on
 a seized task: that is why the GPU state comes back only after CRIU is done.
 """
+import os
 import time
 
 from ..errors import GroupHeld, StoreError
@@ -27,14 +28,14 @@ from .suspension import release_holds
 
 
 def cuda_pids(root_pid):
-    """The processes of root_pid's tree with libcuda loaded (no CUDA call: safe before a fork)."""
+    """The processes of root_pid's tree with libcuda loaded (no CUDA call: safe before a fork).
+    Fails closed: a process whose maps cannot be read is an error, never "uses no CUDA"."""
     out = []
     for pid in process_tree(root_pid):
-        try:
-            if uses_cuda(pid):
-                out.append(pid)
-        except Exception:
+        if not os.path.exists(f"/proc/{pid}"):
             continue  # exited meanwhile: CRIU will notice on its own
+        if uses_cuda(pid):
+            out.append(pid)
     return out
 
 

@@ -67,3 +67,28 @@ def test_the_contract_lists_the_actions_in_criu_order():
     rows = [line.split("|")[1].strip().strip("`") for line in readme.splitlines()
             if line.startswith("| `")]
     assert [r for r in rows if r in criu_order] == criu_order
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_pre_dump_fails_closed_when_it_cannot_see_a_process():
+    """A process whose maps the hook cannot read is not taken as "uses no CUDA": pre-dump's
+    discovery raises (the hook exits with its code and CRIU aborts the dump)."""
+    from criu_gpushare.engine.dump import cuda_pids
+    with subprocess.Popen(["sleep", "30"]) as p:
+        r, w = os.pipe()
+        child = os.fork()
+        if child == 0:
+            os.close(r)
+            try:
+                os.setresgid(65534, 65534, 65534)
+                os.setresuid(65534, 65534, 65534)
+                cuda_pids(p.pid)
+                os.write(w, b"no error")
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                os.write(w, f"{type(e).__name__}: {e}".encode())
+            os._exit(0)
+        os.close(w)
+        got = os.read(r, 4096).decode()
+        os.waitpid(child, 0)
+        p.kill()
+    assert got.startswith("ProcessError") and "permission denied" in got, got
