@@ -19,7 +19,12 @@ for _ in $(seq 600); do grep -q READY "$log" && break; sleep 0.1; done
 grep -q READY "$log" || { echo "the workload did not start:"; cat "$work/out.log"; exit 1; }
 # `run` execs python: the parent of the group is the pid that wrote READY
 root=$(grep READY "$log" | awk '{print $3}')
-sleep 2
+# spawned workers import torch and initialise CUDA for seconds: dump once every one is counting
+for _ in $(seq 600); do
+  grep -q "worker 0 ok" "$log" && grep -q "worker 1 ok" "$log" && break; sleep 0.1
+done
+grep -q "worker 1 ok" "$log" || { echo "the workers did not start counting:"; cat "$log"; exit 1; }
+sleep 1
 echo "before the dump: $(grep -c ' ok' "$log") ok lines, last: $(tail -n 1 "$log")"
 $cg dump "$root" "$work/images"
 sleep 1

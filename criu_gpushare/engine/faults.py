@@ -4,7 +4,8 @@ A point is a step name (the fault fires right after the step did its work, so it
 exactly as after a real failure), "copy" (inside save, after the first unit is in the store) or
 "post-dump" (a dump marked complete at CRIU's post-dump).
 `<point>` raises the tool's error there; `<point>:kill` SIGKILLs this process there, as a crash
-would; `<point>:bug` raises an exception that is not the tool's (as a bug would).
+would; `<point>:bug` raises an exception that is not the tool's (as a bug would). With
+CRIU_GPUSHARE_TEST_KILL_AT_FAULT=PID, process PID is SIGKILLed there first (a member crashing).
 """
 import os
 import signal
@@ -22,6 +23,9 @@ def fault_point(point):
     want, _, how = os.environ.get(FAULT_ENV, "").partition(":")
     if want != point:
         return
+    victim = os.environ.get("CRIU_GPUSHARE_TEST_KILL_AT_FAULT")
+    if victim:  # tests: another process (a member of the group) dies here, as a crash would
+        os.kill(int(victim), signal.SIGKILL)
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "bug":

@@ -134,6 +134,23 @@ class Group:
         group.manifest = manifest
         return group
 
+    def drop_dead(self):
+        """Members that died (a crash during a step): reported and left out of what follows, so
+        that the rest of the group still comes back; memory only they held is lost with them."""
+        from .statedir import start_time
+        dead = [p for p in self.pids if start_time(p) is None]
+        if not dead:
+            return []
+        self.report(f"process(es) {', '.join(map(str, dead))} of the group died: left out, the "
+                    "others are brought back")
+        gone = set(dead)
+        self.pids = [p for p in self.pids if p not in gone]
+        self.members = [m for m in self.members if m.pid not in gone]
+        self.units = [u for u in self.units if u.owner not in gone]
+        self.attachments = [a for a in self.attachments
+                            if a.importer not in gone and a.unit.owner not in gone]
+        return dead
+
     @property
     def shim_pids(self):
         return [m.pid for m in self.members if m.status is not None]

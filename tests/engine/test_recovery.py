@@ -94,3 +94,18 @@ def test_a_bug_in_a_step_is_rolled_back(lc, workload, tmp_path):
     r = suspend(lc, a.pid, b.pid, ok=False, env=env)
     assert "failed at step lock" in r.stderr and "rolled back" in r.stderr, r.stderr
     assert_back(lc, a, b)
+
+
+def test_a_member_that_dies_mid_suspend_is_reported_and_the_rest_come_back_free(lc, workload, tmp_path):
+    """b dies after its memory is released (killed at the void step, as a crash would): the
+    suspend fails, b is named, and a rolls back to running and free, never held."""
+    a, b = pair(lc, workload, tmp_path)
+    c = workload()
+    c.do("cumem other 4194304")
+    write(c, "other", 3)
+    env = dict(lc.tool, CRIU_GPUSHARE_FAULT="void", CRIU_GPUSHARE_TEST_KILL_AT_FAULT=str(b.pid))
+    r = suspend(lc, a.pid, b.pid, c.pid, ok=False, env=env)
+    assert r.returncode != 0 and f"process(es) {b.pid}" in r.stderr and "rolled back" in r.stderr, r.stderr
+    assert values(c, "other") == [3] * 4 and values(a, "buf") == [42] * 4
+    assert shim_state(lc, a.pid) == "running" and shim_state(lc, c.pid) == "running"
+    assert not [f for f in os.listdir(lc.run_dir) if f.startswith(("pid-", "journal-"))]
