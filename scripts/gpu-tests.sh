@@ -107,7 +107,11 @@ finish() {
         echo "-- cleanup"
         cat "$OUT/cleanup.txt"
         echo "-- files in $OUT: $(cd "$OUT" && ls | tr '\n' ' ')"
+        echo "-- probe figures"
+        cat "$PROBE_RECORD" 2>/dev/null
     } >"$OUT/summary.txt" 2>&1
+    # A machine that brings back only a few files of OUT, in name order, brings this one first.
+    cp "$OUT/summary.txt" "$OUT/0-summary.txt"
     cat "$OUT/summary.txt"
 }
 trap finish EXIT
