@@ -224,7 +224,8 @@ class Group:
     def _save(self):
         with Store.open(self.options.store, create=True) as store, store.begin_write(self.options.ref) as session:
             processes = {}
-            with CopyEngine(session, progress=self._progress(sum(u.size for u in self.units), "saved")) as engine:
+            total = sum(u.size for u in self.units)
+            with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total) as engine:
                 for unit in self.units:
                     fd = self._export_fd(unit)
                     try:
@@ -358,7 +359,7 @@ class Group:
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
             allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
             total = sum(u.size for u in self.units)
-            with CopyEngine(store, verify_loads=self.options.verify,
+            with CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
                             progress=self._progress(total, "loaded")) as engine:
                 for unit in self.units:
                     fd = self._export_fd(unit)
