@@ -1,7 +1,7 @@
 """The steps that take a group's GPU state out and bring it back, each one function, and the lists
 they are run in (by engine/runner.py, which records them and rolls back).
 
-Out (DESIGN.md section 3, steps 1-5; CRIU's pre-dump runs the same list without freeze):
+Out (DESIGN.md section 3, steps 1-5; CRIU's pre-dump adds vacate and unfreeze, CRIU_PRE_DUMP):
   quiesce   every shim closes its launch gate, drains, closes its memory gate, drains (sequentially;
             a busy shim makes every gate reopen, and the whole quiesce is retried until the timeout)
   save      every unit of GPU memory (engine/plan.py) is exported by its owner's shim as a POSIX fd,
@@ -16,8 +16,10 @@ Out (DESIGN.md section 3, steps 1-5; CRIU's pre-dump runs the same list without 
             (before the checkpoint unmaps memory those threads could touch)
   checkpoint cuCheckpointProcessCheckpoint of every pid at once
   vacate    (CRIU only) no process still holds a /dev/nvidia* file or mapping: CRIU could not dump it
+  unfreeze  (CRIU only) the threads let go, for CRIU to seize
 Back (UNDO: each runs when the step it undoes was begun):
-  restore   cuCheckpointProcessRestore of every CHECKPOINTED pid at once (GPU map by UUID); a failure
+  restore   threads that run again (after CRIU, or a dead holder) frozen again; then
+            cuCheckpointProcessRestore of every CHECKPOINTED pid at once (GPU map by UUID); a failure
             leaves every pid as it is, and resume can be retried
   unlock    only once every pid is restored, so no process runs without its peers
   thaw      CPU threads restarted (nothing they touch is unmapped any more; their GPU work stays
@@ -45,9 +47,13 @@ from .freezer import Freezer
 
 QUIESCE_RETRY_S = 0.25
 
-# The step lists (run by engine/runner.py). CRIU seizes the tasks itself, so its list has no freeze.
+# The step lists (run by engine/runner.py).
 IN_PLACE = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint")
-CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "checkpoint", "vacate")
+# CRIU seizes the tasks itself, but only after pre-dump returns: the threads are frozen around the
+# driver checkpoint (the long call that unmaps what they could touch) and let go just before CRIU
+# takes them; the way back freezes them again before the driver restore (see _restore).
+CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint", "vacate",
+                 "unfreeze")
 # Resume and rollback: (step whose effect it undoes, undo step), in the order they run. An undo runs
 # when the step it undoes is recorded as done (begun).
 UNDO = (("checkpoint", "restore"),
@@ -170,7 +176,7 @@ class Group:
                 "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
                 "thaw": self.freezer.thaw, "recreate": self._recreate, "load": self._load,
                 "attach": self._attach, "reopen": lambda: self._each_shim("resume"),
-                "vacate": self._check_vacated}[name]
+                "vacate": self._check_vacated, "unfreeze": self.freezer.thaw}[name]
 
     # -- suspend -------------------------------------------------------------------------------
 
@@ -301,7 +307,17 @@ class Group:
 
     # -- resume and rollback -------------------------------------------------------------------
 
+    def _refreeze(self):
+        """Threads that run while their GPU state is checkpointed (a CRIU-restored tree, a tree
+        CRIU left running, a group whose holder died) are frozen again before the driver restore,
+        as in place; thaw follows the unlock."""
+        for pid in self.pids_with_cuda():
+            if not self.freezer.frozen_threads(pid) and ck.state(pid) is ck.State.CHECKPOINTED:
+                self.freezer.freeze(pid, {ck.restore_thread_id(pid)})
+
     def _restore(self):
+        if "freeze" in self.done:
+            self._refreeze()
         pairs = []
         if self.gpus:
             from ..gpu.driver import gpus
