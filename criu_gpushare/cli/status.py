@@ -2,7 +2,8 @@
 
 With PID: that process's allocations, mappings, imports (with their exporter), exports, page-locked
 host buffers, peer access, multicast objects, gates, and anything a checkpoint would refuse.
-Without PID: one line per process with a shim socket in this network namespace.
+Without PID: one line per process with a shim socket in this network namespace, then one per
+group criu-gpushare holds (its journal: kind, state, pids, steps begun, last error).
 """
 import json
 
@@ -115,3 +116,11 @@ def status(pid, as_json):
         click.echo("no process with the shim in this network namespace")
     for p, st in result.items():
         click.echo(f"{p:>8}  {st['error']}" if "error" in st else _summary_line(p, st))
+    try:
+        journals = jn.all_journals()
+    except Error as e:
+        click.echo(f"journals: {e}")
+        return
+    for j in journals:  # what criu-gpushare holds, even where no shim answers
+        click.echo(f"group {j.key}: {j.kind} {j.state}, pids {' '.join(map(str, j.pids))}, steps begun: "
+                   f"{', '.join(j.done) or 'none'}" + (f"; last error: {j.data['error']}" if j.data.get("error") else ""))

@@ -20,7 +20,7 @@ from . import statedir
 
 # state: what the journal's group is doing now
 SUSPENDING, SUSPENDED, RESUMING, HELD = "suspending", "suspended", "resuming", "held"
-DUMPING, DUMPED, RESTORING = "dumping", "dumped", "restoring"
+DUMPING, DUMPED = "dumping", "dumped"
 
 
 class Journal:

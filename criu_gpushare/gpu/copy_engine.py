@@ -61,9 +61,6 @@ class CopyStats:
         for f in dataclasses.fields(self):
             setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
-    def rate_gbs(self):
-        return self.copied / self.seconds / 1e9 if self.seconds else 0.0
-
 
 class CopyEngine:
     """One per tool run: owns the pinned ring (slow to allocate) and the worker threads."""

@@ -324,11 +324,6 @@ def held_refs(store):
     return out
 
 
-def all_holds(store):
-    """{ref: [HoldInfo, ...]} for every ref with hold files."""
-    return {ref: list_holds(store, ref) for ref in sorted(held_refs(store))}
-
-
 def remove_ref(store, ref, force=False):
     """Delete ref `ref` unless a live hold protects it (RefHeld names each holder).
 

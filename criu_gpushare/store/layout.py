@@ -61,16 +61,8 @@ def fanout(cid):
     return cid[:2]
 
 
-def chunk_relpath(cid):
-    return os.path.join(CHUNKS_DIR, fanout(cid), cid)
-
-
 def manifest_name(mid):
     return mid + MANIFEST_SUFFIX
-
-
-def manifest_relpath(mid):
-    return os.path.join(MANIFESTS_DIR, manifest_name(mid))
 
 
 def is_ref_name(name):

@@ -33,6 +33,8 @@ def test_holder_killed_during_suspend(lc, workload, tmp_path, phase):
     assert "criu-gpushare resume" in r.stderr
     status = lc.cli("status", a.pid)
     assert "criu-gpushare (suspend of group" in status.stdout, status.stdout
+    listing = lc.cli("status").stdout
+    assert f"group {min(a.pid, b.pid)}: suspend" in listing, listing
     r = resume(lc, a.pid)
     assert "resuming from its journal" in r.stderr
     assert_back(lc, a, b)
