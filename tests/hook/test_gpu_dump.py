@@ -309,3 +309,27 @@ def test_a_full_disk_during_the_dump_rolls_back_and_the_store_stays_consistent(e
     assert_back(env, a, b)
     v = cli(env, "store", "--store", store, "verify", "--json")
     assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_cuda_processes_without_the_shim_that_share_nothing_take_the_driver_path(env, tmp_path, criu):
+    """No shim, nothing shared: the driver checkpoints them and their GPU bytes go into CRIU's
+    image; the restore brings them back through the driver."""
+    parent, (a, b) = start_tree(tmp_path, env["app"], plain=[0, 1])
+    try:
+        a.do("malloc x 4194304")
+        write(a, "x", 11)
+        b.do("malloc y 4194304")
+        write(b, "y", 12)
+        images = tmp_path / "images"
+        r = cli(env, "dump", parent.pid, images, "--json")
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["gpu_state"] and out["bytes"]["copied"] == 0  # nothing through the store
+        parent.wait(10)
+        reap([a.pid, b.pid])
+        r = cli(env, "restore", images)
+        assert r.returncode == 0, r.stderr
+        a.wait_ready()
+        assert values(a, "x") == [11] * 4 and values(b, "y") == [12] * 4
+    finally:
+        kill_tree([a.pid, b.pid, parent.pid])
