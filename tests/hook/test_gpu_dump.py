@@ -333,3 +333,25 @@ def test_cuda_processes_without_the_shim_that_share_nothing_take_the_driver_path
         assert values(a, "x") == [11] * 4 and values(b, "y") == [12] * 4
     finally:
         kill_tree([a.pid, b.pid, parent.pid])
+
+
+@fake_only  # on the GPU the importer is left CHECKPOINTED for good: tests/probes prove that there
+def test_the_same_sharing_tree_without_the_shim_fails_the_driver_way(env, tmp_path, criu):
+    """Without the shim nobody releases the import: the driver checkpoints both, but cannot bring
+    the importer back (the restore fails and says where)."""
+    parent, (a, b) = start_tree(tmp_path, env["app"], plain=[0, 1])
+    try:
+        share(a, b, tmp_path)
+        write(a, "buf", 42)
+        images = tmp_path / "images"
+        r = cli(env, "dump", parent.pid, images)
+        if r.returncode == 0:
+            parent.wait(10)
+            reap([a.pid, b.pid])
+            r = cli(env, "restore", images)
+            assert r.returncode == 15 and "restore failed at step restore" in r.stderr, r.stderr
+        else:
+            assert "CRIU" in r.stderr, r.stderr
+        print(f"PROBE driver_way_sharing_tree exit={r.returncode}")
+    finally:
+        kill_tree([a.pid, b.pid, parent.pid])
