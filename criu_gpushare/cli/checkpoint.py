@@ -15,7 +15,8 @@ import click
 from ..config import load_settings
 from ..criu import images, libdir, rpc
 from ..engine import dump as dump_engine, restore as restore_engine
-from ..errors import CriuError, ProcessError
+from ..engine.steps import format_summary
+from ..errors import ProcessError
 from .suspend import parse_gpu_map
 
 
@@ -121,7 +122,6 @@ def _print(summary, as_json, line):
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
-        from ..engine.steps import format_summary
         _say(line)
         if summary.get("gpu_state") and summary.get("bytes"):
             _say(format_summary(summary))

@@ -10,6 +10,7 @@ from ..config import load_settings
 from ..engine import holder, journal as jn, suspension
 from ..engine.steps import Options, format_summary
 from ..errors import ProcessError
+from ..gpu import devices
 from ..shimctl.processes import process_tree, uses_cuda
 
 MAX_TIMEOUT_S = 24 * 3600
@@ -40,24 +41,11 @@ def _timeout(ctx, param, value):
 
 
 def parse_gpu_map(items):
-    """--gpu-map OLD=NEW (repeatable) -> {OLD: NEW}, each a GPU UUID; refused unless well formed."""
-    from ..gpu.checkpoint_api import parse_uuid
-    mapping = {}
-    for item in items:
-        old, sep, new = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"{item!r} is not OLD=NEW", param_hint="--gpu-map")
-        for uuid in (old, new):
-            try:
-                parse_uuid(uuid)
-            except Exception as e:
-                raise click.BadParameter(str(e), param_hint="--gpu-map") from None
-        if old in mapping:
-            raise click.BadParameter(f"{old} is mapped twice", param_hint="--gpu-map")
-        mapping[old] = new
-    if len(set(mapping.values())) != len(mapping):
-        raise click.BadParameter("two GPUs are mapped onto one", param_hint="--gpu-map")
-    return mapping
+    """--gpu-map OLD=NEW (repeatable) -> {OLD: NEW}; a malformed map is a usage error."""
+    try:
+        return devices.parse_gpu_map(items)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--gpu-map") from None
 
 
 @click.command()
@@ -109,5 +97,6 @@ def resume(pids, gpu_map, as_json):
     if len(journals) > 1:
         raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
     verify = load_settings({}).verify
-    final = suspension.resume(pids[0], mapping, report=lambda m: click.echo(m, err=True), verify=verify)
+    (journal,) = journals.values()
+    final = suspension.resume(journal, mapping, report=lambda m: click.echo(m, err=True), verify=verify)
     _finish(final, as_json)

@@ -24,7 +24,7 @@ from . import journal as jn, record
 from .faults import fault_point
 from .runner import Runner
 from .steps import CRIU_PRE_DUMP, Group, Options
-from .suspension import release_holds
+from .suspension import resume_group
 
 
 def cuda_pids(root_pid):
@@ -42,6 +42,7 @@ def cuda_pids(root_pid):
 class DumpJob:
     def __init__(self, root_pid, images_dir, store, verify=True, timeout_s=60.0, report=print):
         self.root_pid, self.images_dir = root_pid, images_dir
+        self.pids = sorted(process_tree(root_pid))  # before any fork: the group's key is min(pids)
         self.report = report
         self.ref = f"dump-{root_pid}-{time.strftime('%Y%m%dT%H%M%S')}"
         self.options = Options(store=store, timeout_s=timeout_s, ref=self.ref, verify=verify,
@@ -56,7 +57,7 @@ class DumpJob:
 
     def begin(self):
         """-> True when the tree had GPU state (then after_criu must run once CRIU exits)."""
-        pids = process_tree(self.root_pid)
+        pids = self.pids
         self.journal = jn.Journal.create("dump", pids, jn.DUMPING, store=self.options.store,
                                          ref=self.ref, verify=self.options.verify,
                                          images_dir=self.images_dir)
@@ -93,7 +94,7 @@ class DumpJob:
                 self.journal.set(state=jn.HELD, error=str(e))
                 raise
         if self.group is not None:
-            release_holds(self.group)
+            self.group.release_holds()
         self._drop_ref()
         self.journal.close()
 
@@ -109,19 +110,18 @@ class DumpJob:
     def after_criu(self):
         """CRIU has exited: give running tasks their GPU state back; drop an incomplete dump."""
         alive = self.journal.processes_alive()
-        if alive:
-            self.report(f"CRIU is done and process(es) {', '.join(map(str, alive))} run on: "
-                        "bringing their GPU state back")
-            self.journal.set(state=jn.RESUMING)
-            try:
-                Runner(self.group, self.journal).undo(verb="resume after the dump")
-            except BaseException as e:
-                self.journal.set(state=jn.SUSPENDED, error=str(e))
-                raise
-        release_holds(self.group)  # a completed dump is kept by its image, not by a hold
-        if not self.completed:
-            self._drop_ref()
-        self.journal.close()
+        try:
+            if alive:
+                self.report(f"CRIU is done and process(es) {', '.join(map(str, alive))} run on: "
+                            "bringing their GPU state back")
+                self.journal.set(state=jn.SUSPENDED)  # what a failed resume leaves them
+                resume_group(self.group, self.journal, verb="resume after the dump")
+            else:  # CRIU killed them: a completed dump is kept by its image, not by a hold
+                self.group.release_holds()
+                self.journal.close()
+        finally:
+            if not self.completed:
+                self._drop_ref()
 
     def _drop_ref(self):
         try:

@@ -23,6 +23,10 @@ from .. import __version__
 from ..errors import ImageError
 
 RECORD_NAME = "criu-gpushare.json"
+
+
+class RecordMissing(ImageError):
+    """CRIU image {}: {}"""
 FORMAT = 1
 _REQUIRED = {"format": int, "gpu_state": bool, "store": str, "ref": str, "gpus": list,
              "processes": list, "group": dict}
@@ -60,7 +64,7 @@ def read(images_dir):
         with open(path) as f:
             record = json.load(f)
     except FileNotFoundError:
-        raise ImageError(images_dir, f"has no {RECORD_NAME}: it was not dumped through "
+        raise RecordMissing(images_dir, f"has no {RECORD_NAME}: it was not dumped through "
                          "criu-gpushare (criu-gpushare dump, or criu dump --action-script "
                          "criu-gpushare-hook)") from None
     except (OSError, ValueError) as e:

@@ -10,17 +10,14 @@
                       It runs under a journal of kind "restore": a failure leaves the processes
                       held (gates closed) and `criu-gpushare resume PID` retries it.
 """
-from ..errors import ImageError, StoreError
+from ..errors import ImageError
 from ..gpu import driver as drv
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree
 from ..store.store import Store
-from ..store.verify import check_present
 from . import journal as jn, plan, record
-from .steps import Group, Options
+from .steps import Group, Options, check_readable
 from .suspension import resume_group
-
-_MAX_LISTED = 5
 
 
 def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
@@ -28,8 +25,8 @@ def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
     saying what is wrong. has_libcuda() tells whether an image without a record needs one."""
     try:
         rec = record.read(images_dir)
-    except ImageError as e:
-        if "has no" in str(e) and has_libcuda is not None and not has_libcuda():
+    except record.RecordMissing:
+        if has_libcuda is not None and not has_libcuda():
             return None  # no CUDA anywhere in the tree: nothing for us to do
         raise
     if not rec["gpu_state"]:
@@ -37,11 +34,7 @@ def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
     store_path = store_path or rec["store"]
     with Store.open(store_path) as store:
         manifest = store.read_manifest(store.read_ref(rec["ref"]).manifest)
-        problems = check_present(store, manifest)
-    if problems:
-        listed = "; ".join(str(p.as_dict()) for p in problems[:_MAX_LISTED])
-        raise StoreError(f"{store_path}: {len(problems)} chunk(s) of {rec['ref']} cannot be read "
-                         f"({listed}); nothing was restored")
+        check_readable(store, manifest, rec["ref"], "nothing was restored")
     _check_gpus(images_dir, rec, gpu_map or {})
     return rec
 

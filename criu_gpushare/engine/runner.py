@@ -105,8 +105,7 @@ class Runner:
         g = self.group
         g.times, g.stats = {}, CopyStats()
         t0 = time.monotonic()
-        if hasattr(g, "drop_dead"):
-            g.drop_dead()
+        g.drop_dead()
         for done_step, step in UNDO:
             if done_step in g.done:
                 try:

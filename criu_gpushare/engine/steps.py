@@ -68,12 +68,6 @@ UNDO = (("checkpoint", "restore"),
         ("quiesce", "reopen"))
 
 
-def driver_lock():
-    """The node-wide lock around driver checkpoint calls (two processes calling at once hang the
-    driver), in the tool's private state directory."""
-    return ck.DriverLock()
-
-
 @dataclasses.dataclass
 class Options:
     store: str
@@ -106,6 +100,7 @@ class Group:
         self.times = {}
         self.gpus = []
         self.manifest_id = None
+        self._device_map = None
 
     def discover(self):
         """Read every process's shim and driver state and make the plan; refuse, before anything
@@ -208,7 +203,7 @@ class Group:
         the mapped one): the workload's ordinal means nothing here."""
         if unit.gpu is None:
             return unit.device
-        if not hasattr(self, "_device_map"):
+        if self._device_map is None:  # read from the driver once, when first needed
             self._device_map = DeviceMap.here()
         return self._device_map.ordinal((self.options.gpu_map or {}).get(unit.gpu, unit.gpu))
 
@@ -276,11 +271,11 @@ class Group:
         self._each_shim("void-exports")
 
     def _lock(self):
-        with driver_lock():
+        with ck.DriverLock():  # two processes calling at once hang the driver
             ck.raise_first(ck.lock_all(self.pids_with_cuda(), int(self.options.timeout_s * 1000)))
 
     def _checkpoint(self):
-        with driver_lock():
+        with ck.DriverLock():  # two processes calling at once hang the driver
             ck.raise_first(ck.checkpoint_all(self.pids_with_cuda()))
 
     def _freeze(self):
@@ -323,12 +318,12 @@ class Group:
             from ..gpu.driver import gpus
             pairs = ck.gpu_map(self.gpus, [u for _, _, u in gpus()], self.options.gpu_map)
         todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
-        with driver_lock():
+        with ck.DriverLock():  # two processes calling at once hang the driver
             ck.raise_first(ck.restore_all(todo, pairs))
 
     def _unlock(self):
         locked = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.LOCKED]
-        with driver_lock():
+        with ck.DriverLock():  # two processes calling at once hang the driver
             ck.raise_first(ck.unlock_all(locked))
 
     def _recreate(self):
@@ -352,22 +347,16 @@ class Group:
         return Store.open(self.options.store, cache=cache)
 
     def check_loadable(self):
-        """Before a resume changes anything: every chunk the load will read is in the store (stat
-        only) or the node cache. StoreError naming the first problems; the group stays as it is."""
-        from ..errors import StoreError
+        """Before a resume changes anything: every chunk the load will read is in the store or the
+        node cache. StoreError naming the first problems; the group stays as it is."""
         if "release" not in self.done:
             return  # nothing was released: nothing to load
         with self._open_for_load() as store:
             if self.manifest is None:
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
-            problems = [p for p in store.check_chunks(self.manifest)
-                        if store.cache is None or not store.cache.contains(p.chunk)]
-        if problems:
-            listed = "; ".join(f"{p.kind} {p.path}" + (f" ({p.detail})" if p.detail else "")
-                               for p in problems[:5])
-            raise StoreError(f"{self.options.store}: {len(problems)} chunk(s) of {self.options.ref} "
-                             f"cannot be read: {listed}; nothing was changed, the processes stay "
-                             "suspended: repair the store (or point --store at a copy) and resume again")
+            check_readable(store, self.manifest, self.options.ref,
+                           "nothing was changed, the processes stay suspended: repair the store "
+                           "(or point --store at a copy) and resume again")
 
     def _load(self):
         with self._open_for_load() as store:
@@ -395,14 +384,19 @@ class Group:
                 os.close(fd)
 
     def release_holds(self):
-        """The group is back: its checkpoint no longer needs protecting from `store rm`."""
+        """The group is back: its checkpoint no longer needs protecting from `store rm`. Best
+        effort: the workload runs either way, and a stale hold only delays `store rm`."""
+        from ..errors import StoreError
         from ..store.holds import Hold
         if not os.path.isdir(self.options.store):
             return  # never created: it holds nothing of ours
-        with Store.open(self.options.store) as store:
-            for info in store.holds(self.options.ref):
-                if info.pid in self.pids:
-                    Hold(store, info).release()
+        try:
+            with Store.open(self.options.store) as store:
+                for info in store.holds(self.options.ref):
+                    if info.pid in self.pids:
+                        Hold(store, info).release()
+        except StoreError as e:
+            self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
     def summary(self, what, stats=None):
         s = stats or self.stats
@@ -411,6 +405,19 @@ class Group:
                 "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
                           "zero": s.zero, "unchanged": s.unchanged},
                 "units": len(self.units), "attachments": len(self.attachments)}
+
+
+def check_readable(store, manifest, ref, consequence):
+    """StoreError when a chunk of manifest is neither in the store nor in its node cache (stat
+    only: fast enough before anything changes), naming the first problems and `consequence`."""
+    from ..errors import StoreError
+    problems = [p for p in store.check_chunks(manifest)
+                if store.cache is None or not store.cache.contains(p.chunk)]
+    if problems:
+        listed = "; ".join(f"{p.kind} {p.path}" + (f" ({p.detail})" if p.detail else "")
+                           for p in problems[:5])
+        raise StoreError(f"{store.path}: {len(problems)} chunk(s) of {ref} cannot be read: "
+                         f"{listed}; {consequence}")
 
 
 def format_summary(summary):

@@ -59,24 +59,22 @@ def resume_group(group, journal, verb="resume"):
     except BaseException as e:
         journal.set(state=before if before != jn.RESUMING else jn.SUSPENDED, error=str(e))
         raise
-    release_holds(group)
+    group.release_holds()
     journal.close()
     return group.summary("resumed")
 
 
-def resume(pid, gpu_map=None, report=print, verify=None):
-    """Resume the group pid belongs to: through its holder if one runs, else here from the journal
+def resume(journal, gpu_map=None, report=print, verify=None):
+    """Resume the journal's group: through its holder if one runs, else here from the journal
     (a holder killed at any phase loses nothing: the plan and the steps begun are in the journal,
-    the memory in the store). Returns the summary; raises the error a failed resume leaves."""
-    journal = jn.owner_of(pid)
-    if journal is None:
-        raise ProcessError(pid, "is not suspended by criu-gpushare")
+    the memory in the store). Returns the holder's final object; raises the error a failed
+    resume here leaves."""
     if journal.worker_alive():
         try:
             final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {})
         except ProcessError:
             worker = journal.data["worker"]["pid"]
-            raise ProcessError(pid, f"criu-gpushare process {worker} is working on its group now "
+            raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
                                f"({journal.kind}, {journal.state}); wait for it") from None
         return final
     return {"event": "done", "ok": True, "result": recover(journal, gpu_map, report, verify)}
@@ -100,12 +98,3 @@ def recover(journal, gpu_map=None, report=print, verify=None):
                       cache=journal.data.get("cache"), cache_limit=journal.data.get("cache_limit"))
     group = Group.from_state(journal.data["group"], options, report)
     return resume_group(group, journal)
-
-
-def release_holds(group):
-    """Drop the store holds the group took (best effort: it runs again either way)."""
-    from ..errors import StoreError
-    try:
-        group.release_holds()
-    except StoreError as e:  # the workload runs; a stale hold only delays `store rm`, never data
-        group.report(f"warning: releasing the store's hold on {group.options.ref}: {e}")

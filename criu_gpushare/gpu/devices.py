@@ -9,6 +9,28 @@ workload gets a devices map in its own ordinals (shim/protocol.md, "Devices maps
 from ..errors import DriverError
 
 
+def parse_gpu_map(items):
+    """["OLD=NEW", ...] (each a GPU UUID) -> {OLD: NEW}; ValueError saying what is malformed:
+    not OLD=NEW, not a UUID, a GPU mapped twice, two GPUs mapped onto one."""
+    from .checkpoint_api import parse_uuid
+    mapping = {}
+    for item in items:
+        old, sep, new = (part.strip() for part in item.partition("="))
+        if not sep:
+            raise ValueError(f"{item!r} is not OLD=NEW")
+        for uuid in (old, new):
+            try:
+                parse_uuid(uuid)
+            except DriverError as e:
+                raise ValueError(str(e)) from None
+        if old in mapping:
+            raise ValueError(f"{old} is mapped twice")
+        mapping[old] = new
+    if len(set(mapping.values())) != len(mapping):
+        raise ValueError("two GPUs are mapped onto one")
+    return mapping
+
+
 class DeviceMap:
     """This process's GPUs: UUID <-> ordinal."""
 

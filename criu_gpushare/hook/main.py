@@ -17,6 +17,7 @@ from ..config import load_settings
 from ..criu import images
 from ..engine import dump as dump_engine, holder, journal as jn, restore as restore_engine, statedir
 from ..errors import EXIT_BUG, Error, ProcessError
+from ..gpu.devices import parse_gpu_map
 
 PREFIX = "criu-gpushare-hook"
 
@@ -52,7 +53,8 @@ class _DumpWork(holder.Work):
 
     def __init__(self, job, criu_pid):
         self.job, self.criu_pid = job, criu_pid
-        self.key, self.pids = job.root_pid, [job.root_pid]
+        # the journal's key: `resume PID` of any process of the tree finds this holder
+        self.key, self.pids = min(job.pids), job.pids
         self.criu_fd = None
 
     def begin(self, report):
@@ -98,11 +100,10 @@ def pre_dump(action):
 
 
 def post_dump(action):
-    root = _init_pid()
-    journal = jn.owner_of(root)
+    journal = jn.owner_of(_init_pid())
     if journal is None or journal.kind != "dump":
         return 0
-    final = holder.ask(root, "post-dump", on_progress=lambda m: _say(action, m))
+    final = holder.ask(journal.key, "post-dump", on_progress=lambda m: _say(action, m))
     if not final["ok"]:
         _say(action, f"{final['message']} (CRIU fails the dump and leaves the tasks running)")
         return final["exit_code"] or EXIT_BUG
@@ -158,13 +159,11 @@ def post_resume(action):
 
 def _gpu_map_env():
     """CRIU_GPUSHARE_GPU_MAP="OLD=NEW,...": --gpu-map for restores run by CRIU itself."""
-    out = {}
-    for item in filter(None, os.environ.get("CRIU_GPUSHARE_GPU_MAP", "").split(",")):
-        old, sep, new = item.partition("=")
-        if not sep:
-            raise ProcessError("CRIU_GPUSHARE_GPU_MAP", f"{item!r} is not OLD=NEW")
-        out[old.strip()] = new.strip()
-    return out
+    items = list(filter(None, os.environ.get("CRIU_GPUSHARE_GPU_MAP", "").split(",")))
+    try:
+        return parse_gpu_map(items)
+    except ValueError as e:
+        raise ProcessError("CRIU_GPUSHARE_GPU_MAP", str(e)) from None
 
 
 # In CRIU's order of actions (hooks/README.md has one row each).

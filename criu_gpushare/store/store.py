@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import threading
-from dataclasses import dataclass
 
 from ..errors import StoreError
 from . import catalog, fsutil, holds

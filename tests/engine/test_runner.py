@@ -20,6 +20,9 @@ class Group:
     def state(self):
         return {"done": list(self.done)}
 
+    def drop_dead(self):
+        return []
+
     def step(self, name):
         def run():
             self.ran.append(name)
