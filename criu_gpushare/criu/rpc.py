@@ -260,6 +260,10 @@ class _Worker:
     def _send(self, message):
         try:
             self._sock.send(message.SerializeToString())
+        except (BrokenPipeError, ConnectionResetError):
+            # It ended before reading: the same failure as ending before answering, whichever
+            # of the two the race between its exit and this send shows.
+            raise self._died("criu swrk ended without an answer") from None
         except OSError as e:
             raise self._died(f"cannot send to criu swrk ({e.strerror})") from None
 
