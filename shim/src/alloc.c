@@ -7,18 +7,18 @@
  *                      locations named in a call, so a restore must replay the merged list)
  *   cuMemRetainAllocationHandle  a retained handle resolves to the object mapped at the address
  *   cuMemRelease       marks the object released; it is forgotten once nothing maps it
- *   cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN (default 2 MiB) is backed by exportable cuMem memory:
- *                      the driver restores neither legacy IPC imports nor the ability to export a
- *                      restored allocation; cuMemFree synchronizes first (cuMemFree waits for work
- *                      using the memory, cuMemUnmap does not)
+ *   cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN (default 2 MiB) is backed by exportable cuMem memory
+ *                      (backing.c); cuMemFree synchronizes first (cuMemFree waits for work using
+ *                      the memory, cuMemUnmap does not) and frees stream-ordered memory too
  *   cuCtxEnable/DisablePeerAccess  recorded, and applied to the shim's cuMem memory, which peer
  *                      access to a context does not cover
- * Multicast objects are mcast.c's.
+ * Multicast objects are mcast.c's, stream-ordered allocation and pools pools.c's.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "backing.h"
 #include "resolve.h"
 #include "track.h"
 
@@ -46,29 +46,6 @@ static int access_list(int dev, CUmemAccessDesc *desc, int max)
             desc[n++].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
         }
     return n;
-}
-
-/* cuMemSetAccess changes only the locations it names: PROT_NONE removes one, anything else adds
- * or replaces it. */
-static void merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count)
-{
-    for (size_t i = 0; i < count; i++) {
-        int j;
-        for (j = 0; j < m->n_access; j++)
-            if (m->access[j].location.type == desc[i].location.type &&
-                m->access[j].location.id == desc[i].location.id)
-                break;
-        if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
-            if (j < m->n_access)
-                m->access[j] = m->access[--m->n_access];
-        } else if (j < m->n_access) {
-            m->access[j].flags = desc[i].flags;
-        } else if (m->n_access < GS_MAX_ACCESS) {
-            m->access[m->n_access++] = desc[i];
-        } else {
-            m->access_overflow = 1;
-        }
-    }
 }
 
 static void record_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h)
@@ -240,7 +217,7 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
     for (size_t i = 0; i < gs.maps.n; i++) {
         struct gs_map *m = &gs.maps.v[i];
         if (m->va < ptr + size && ptr < m->va + m->size)
-            merge_access(m, desc, count);
+            gs_merge_access(m, desc, count);
     }
     gs_unlock();
     gs_depth--;
@@ -274,86 +251,7 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
     return r;
 }
 
-/* ---- cuMemAlloc backed by exportable cuMem memory ---------------------------------------------- */
-
-static size_t malloc_min(void)
-{
-    static long long min = -1;
-    if (min < 0) {
-        const char *e = getenv("CRIU_GPUSHARE_MALLOC_MIN");
-        char *end;
-        long long v = e && *e ? strtoll(e, &end, 0) : -1;
-        min = e && *e && *end == 0 && v >= 0 ? v : 2LL << 20;
-    }
-    return (size_t)min;
-}
-
-/* Creates, reserves, maps and opens the memory; 0 on success, with everything undone on failure. */
-static CUresult cumem_backed_alloc(CUdeviceptr *dptr, size_t bytesize, int dev,
-                                   CUmemGenericAllocationHandle *hout, size_t *sizeout)
-{
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t gran = 0;
-    CUresult r = CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
-                    cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (r != CUDA_SUCCESS || !gran)
-        return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_VALUE;
-    size_t size = (bytesize + gran - 1) / gran * gran;
-    CUmemGenericAllocationHandle h;
-    r = REAL(cuMemCreate)(&h, size, &prop, 0);
-    if (r != CUDA_SUCCESS)
-        return r;
-    CUdeviceptr va = 0;
-    r = CU(CUresult(*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),
-           cuMemAddressReserve, &va, size, 0, 0, 0);
-    if (r != CUDA_SUCCESS)
-        goto release;
-    r = REAL(cuMemMap)(va, size, 0, h, 0);
-    if (r != CUDA_SUCCESS)
-        goto free_va;
-    CUmemAccessDesc desc[GS_MAX_ACCESS];
-    gs_lock();
-    int n = access_list(dev, desc, GS_MAX_ACCESS);
-    gs_unlock();
-    r = REAL(cuMemSetAccess)(va, size, desc, (size_t)n);
-    if (r != CUDA_SUCCESS)
-        goto unmap;
-    *dptr = va;
-    *hout = h;
-    *sizeout = size;
-    gs_lock();
-    struct gs_alloc *a = GS_PUSH(gs.allocs);
-    memset(a, 0, sizeof(*a));
-    a->id = gs_new_id();
-    a->h = h;
-    a->size = size;
-    a->dev = dev;
-    a->origin = GS_ORIGIN_MALLOC;
-    a->handle_types = prop.requestedHandleTypes;
-    a->va = va;
-    struct gs_map *m = GS_PUSH(gs.maps);
-    memset(m, 0, sizeof(*m));
-    m->va = va;
-    m->size = size;
-    m->h = h;
-    m->kind = GS_OBJ_ALLOC;
-    m->obj_id = a->id;
-    merge_access(m, desc, (size_t)n);
-    gs_unlock();
-    return CUDA_SUCCESS;
-unmap:
-    REAL(cuMemUnmap)(va, size);
-free_va:
-    CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, va, size);
-release:
-    REAL(cuMemRelease)(h);
-    return r;
-}
+/* ---- cuMemAlloc backed by exportable cuMem memory (backing.c) ------------------------------- */
 
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
@@ -361,14 +259,16 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
     int dev;
-    if (gs_depth || !dptr || bytesize < malloc_min() || malloc_min() == 0 ||
+    if (gs_depth || !dptr || bytesize < gs_backing_min() || gs_backing_min() == 0 ||
         current_device(&dev) != CUDA_SUCCESS)
         return real(dptr, bytesize);
     gs_depth++;
     gs_want_server();
-    CUmemGenericAllocationHandle h;
-    size_t size;
-    CUresult r = cumem_backed_alloc(dptr, bytesize, dev, &h, &size);
+    CUmemAccessDesc desc[GS_MAX_ACCESS];
+    gs_lock();
+    int n = access_list(dev, desc, GS_MAX_ACCESS);
+    gs_unlock();
+    CUresult r = gs_backing_alloc(dptr, bytesize, dev, GS_ORIGIN_MALLOC, NULL, desc, n);
     if (r != CUDA_SUCCESS)
         r = real(dptr, bytesize); /* plain memory still works; the driver path will handle it */
     gs_depth--;
@@ -382,9 +282,11 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
         return CUDA_ERROR_NOT_FOUND;
     if (gs_depth)
         return real(dptr);
+    CUmemGenericAllocationHandle h;
+    size_t size;
+    int origin;
     gs_lock();
-    struct gs_alloc *a = gs_find_malloc_va(dptr);
-    if (!a) {
+    if (gs_backing_forget(dptr, &h, &size, &origin)) {
         /* driver memory: lazy IPC handles of it die with it */
         for (size_t i = 0; i < gs.lazy_ipc.n; i++)
             if (gs.lazy_ipc.v[i].base == dptr) {
@@ -394,32 +296,12 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
         gs_unlock();
         return real(dptr);
     }
-    gs_depth++;
-    CUmemGenericAllocationHandle h = a->h;
-    size_t size = a->size;
-    uint64_t id = a->id;
-    a->app_released = 1;
-    forget_maps(dptr, size);
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].id == id) {
-            for (size_t j = 0; j < gs.exports.n;)
-                if (gs.exports.v[j].kind == GS_OBJ_ALLOC && gs.exports.v[j].obj_id == id) {
-                    close(gs.exports.v[j].fd);
-                    GS_DEL(gs.exports, j);
-                } else {
-                    j++;
-                }
-            GS_DEL(gs.allocs, i);
-            break;
-        }
     gs_unlock();
-    /* cuMemFree waits for work using the memory; cuMemUnmap does not. */
+    gs_depth++;
+    /* cuMemFree waits for work using the memory (stream-ordered memory too); cuMemUnmap does not. */
     CUresult r = CU(CUresult(*)(void), cuCtxSynchronize);
-    if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_CONTEXT) {
-        REAL(cuMemUnmap)(dptr, size);
-        CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, dptr, size);
-        r = REAL(cuMemRelease)(h);
-    }
+    if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_CONTEXT)
+        r = gs_backing_destroy(dptr, size, h);
     gs_depth--;
     return r;
 }
@@ -459,7 +341,7 @@ static void apply_peer_access(int owner, int accessor, int enable)
         if (REAL(cuMemSetAccess)(a->va, a->size, &d, 1) == CUDA_SUCCESS) {
             struct gs_map *m = gs_find_map_at(a->va);
             if (m)
-                merge_access(m, &d, 1);
+                gs_merge_access(m, &d, 1);
         }
     }
     gs_unlock();

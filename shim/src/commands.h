@@ -1,5 +1,5 @@
 /* commands.h: the control protocol's requests and replies (protocol.md): parsing, the version
- * check, the command table and its handlers. Layer 6 (below only the server, which carries the
+ * check, the command table and its handlers. Layer 7 (below only the server, which carries the
  * bytes). */
 #ifndef GS_COMMANDS_H
 #define GS_COMMANDS_H

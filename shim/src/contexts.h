@@ -1,4 +1,4 @@
-/* contexts.h: contexts the program creates with cuCtxCreate, so the drain reaches them. Layer 4. */
+/* contexts.h: contexts the program creates with cuCtxCreate, so the drain reaches them. Layer 5. */
 #ifndef GS_CONTEXTS_H
 #define GS_CONTEXTS_H
 

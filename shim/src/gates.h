@@ -1,4 +1,4 @@
-/* gates.h: holding the program's GPU work on command (quiesce/resume) and the drain. Layer 4 (a
+/* gates.h: holding the program's GPU work on command (quiesce/resume) and the drain. Layer 5 (a
  * wrapper module: the gated wrappers live in gates.c). */
 #ifndef GS_GATES_H
 #define GS_GATES_H

@@ -1,5 +1,5 @@
 /* ipc.h: the serving side of the peer commands about shared memory (whose, export) and the late
- * exporter lookup. Layer 4 (a wrapper module: export/import and legacy CUDA IPC live in ipc.c). */
+ * exporter lookup. Layer 5 (a wrapper module: export/import and legacy CUDA IPC live in ipc.c). */
 #ifndef GS_IPC_H
 #define GS_IPC_H
 

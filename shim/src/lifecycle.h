@@ -1,4 +1,4 @@
-/* lifecycle.h: the shim's side of suspend/resume (protocol.md, "Suspend and resume"). Layer 5
+/* lifecycle.h: the shim's side of suspend/resume (protocol.md, "Suspend and resume"). Layer 6
  * (above the wrappers: it drives the driver on the records track.c keeps).
  *
  * The gs_lc_* operations run with the state lock held and the process quiesced (commands.c sees

@@ -31,6 +31,12 @@ void *gs_real(const char *name);
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev);
 CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                                 unsigned int flags, CUdevice dev);
+/* Per-thread-stream twins of the stream-ordered allocator, which cuda.h declares only under
+ * CUDA_API_PER_THREAD_DEFAULT_STREAM (and then under the plain names). */
+CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream);
+CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
 
 /* The wrappers are exported under the driver's names (direct linking reaches them too). */
 #define GS_DECLARE_EXPORT(name) GS_EXPORT __typeof__(name) name;

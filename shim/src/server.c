@@ -27,6 +27,7 @@
 #include "contexts.h"
 #include "devices.h"
 #include "gates.h"
+#include "pools.h"
 #include "resolve.h"
 #include "threads.h"
 #include "track.h"
@@ -204,6 +205,7 @@ static void after_fork_child(void)
     gs_state_reset_after_fork();
     gs_gates_reset_after_fork();
     gs_contexts_reset_after_fork();
+    gs_pools_reset_after_fork();
 }
 
 __attribute__((constructor)) static void server_init(void)

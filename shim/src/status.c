@@ -53,6 +53,12 @@ static void devices_json(struct gs_buf *b, const struct gs_devices *d)
     gs_buf_printf(b, "],");
 }
 
+static const char *origin_name(int origin)
+{
+    return origin == GS_ORIGIN_MALLOC ? "cuMemAlloc" : origin == GS_ORIGIN_ASYNC ? "cuMemAllocAsync"
+                                                                               : "cuMemCreate";
+}
+
 static void objects_json(struct gs_buf *b, const struct gs_devices *d)
 {
     gs_buf_printf(b, "\"allocations\":[");
@@ -66,7 +72,7 @@ static void objects_json(struct gs_buf *b, const struct gs_devices *d)
                       "\"va\":%llu,\"handle_types\":%llu,\"exports\":%d,\"ipc_handles\":%d,"
                       "\"app_released\":%s,\"dropped\":%s",
                       i ? "," : "", (unsigned long long)a->id,
-                      a->origin == GS_ORIGIN_MALLOC ? "cuMemAlloc" : "cuMemCreate", a->dev, a->size,
+                      origin_name(a->origin), a->dev, a->size,
                       (unsigned long long)a->va, a->handle_types, n_exp, a->ipc_handles,
                       a->app_released ? "true" : "false", a->dropped ? "true" : "false");
         gpu_json(b, d, a->dev);

@@ -1,4 +1,4 @@
-/* status.h: the `status` reply (protocol.md, "status"). Layer 5 (reads track, gates, devices). */
+/* status.h: the `status` reply (protocol.md, "status"). Layer 6 (reads track, gates, devices). */
 #ifndef GS_STATUS_H
 #define GS_STATUS_H
 

@@ -74,13 +74,37 @@ struct gs_alloc *gs_find_alloc_id(uint64_t id)
     return NULL;
 }
 
-struct gs_alloc *gs_find_malloc_va(CUdeviceptr va)
+struct gs_alloc *gs_find_backed_va(CUdeviceptr va)
 {
     for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].origin == GS_ORIGIN_MALLOC && gs.allocs.v[i].va == va)
+        if (gs.allocs.v[i].origin != GS_ORIGIN_CUMEM && gs.allocs.v[i].va == va)
             return &gs.allocs.v[i];
     return NULL;
 }
+
+/* cuMemSetAccess changes only the locations it names: PROT_NONE removes one, anything else adds
+ * or replaces it. */
+void gs_merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        int j;
+        for (j = 0; j < m->n_access; j++)
+            if (m->access[j].location.type == desc[i].location.type &&
+                m->access[j].location.id == desc[i].location.id)
+                break;
+        if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
+            if (j < m->n_access)
+                m->access[j] = m->access[--m->n_access];
+        } else if (j < m->n_access) {
+            m->access[j].flags = desc[i].flags;
+        } else if (m->n_access < GS_MAX_ACCESS) {
+            m->access[m->n_access++] = desc[i];
+        } else {
+            m->access_overflow = 1;
+        }
+    }
+}
+
 
 struct gs_import *gs_find_import_h(CUmemGenericAllocationHandle h)
 {
@@ -361,6 +385,11 @@ int gs_untracked_list(char msgs[GS_UNTRACKED_MAX][GS_UNTRACKED_LEN])
         snprintf(msgs[n++], GS_UNTRACKED_LEN,
                  "%d import(s) of a shareable handle that no process with the shim exported",
                  unresolved);
+    if (gs.n_pool_imports)
+        snprintf(msgs[n++], GS_UNTRACKED_LEN,
+                 "%d memory pool(s) imported from another process "
+                 "(cuMemPoolImportFromShareableHandle): the driver cannot restore them and the "
+                 "shim does not share pools", gs.n_pool_imports);
     return n;
 }
 

@@ -19,11 +19,11 @@
 #define GS_MAX_ACCESS 16 /* access entries per mapping (locations) */
 
 enum gs_obj_kind { GS_OBJ_UNKNOWN = 0, GS_OBJ_ALLOC, GS_OBJ_IMPORT, GS_OBJ_MCAST };
-enum gs_alloc_origin { GS_ORIGIN_CUMEM = 1, GS_ORIGIN_MALLOC };
+enum gs_alloc_origin { GS_ORIGIN_CUMEM = 1, GS_ORIGIN_MALLOC, GS_ORIGIN_ASYNC };
 enum gs_import_kind { GS_IMPORT_FD = 1, GS_IMPORT_IPC };
 
 /* An allocation this process created: cuMemCreate by the app, or the cuMem memory behind a large
- * cuMemAlloc. Identified by id (monotonic per process), never by handle or VA (both are reused). */
+ * cuMemAlloc or stream-ordered allocation (backing.c). Identified by id (monotonic per process), never by handle or VA (both are reused). */
 struct gs_alloc {
     uint64_t id;
     CUmemGenericAllocationHandle h;
@@ -31,7 +31,8 @@ struct gs_alloc {
     int dev;
     int origin;
     unsigned long long handle_types; /* requested, after the shim added POSIX fd */
-    CUdeviceptr va;                  /* ORIGIN_MALLOC: the pointer cuMemAlloc returned */
+    CUdeviceptr va;                  /* MALLOC, ASYNC: the pointer the program was given */
+    CUmemoryPool pool;               /* ASYNC: the pool it came from */
     int app_released;                /* cuMemRelease done (mappings may keep it alive) */
     int ipc_handles;                 /* shim CUDA IPC handles given out for it */
     int dropped;                     /* released by the shim (lifecycle.c) */
@@ -152,6 +153,7 @@ struct gs_state {
     /* Sharing this process gave out but cannot identify (a status note; importers refuse). */
     int n_foreign_ipc_exports;
     int n_untracked_exports;
+    int n_pool_imports; /* pools imported from other processes: a checkpoint refuses them */
     char last_untracked[256];
 };
 
@@ -175,7 +177,7 @@ uint64_t gs_new_id(void);
 struct gs_import *gs_new_import(int kind);
 struct gs_alloc *gs_find_alloc_h(CUmemGenericAllocationHandle h);
 struct gs_alloc *gs_find_alloc_id(uint64_t id);
-struct gs_alloc *gs_find_malloc_va(CUdeviceptr va);
+struct gs_alloc *gs_find_backed_va(CUdeviceptr va); /* origin MALLOC or ASYNC, by its base */
 struct gs_import *gs_find_import_h(CUmemGenericAllocationHandle h);
 struct gs_import *gs_find_import_id(uint64_t id);
 struct gs_mcast *gs_find_mcast_h(CUmemGenericAllocationHandle h);
@@ -193,6 +195,9 @@ void gs_collect(void);
 int gs_untracked(char *out, size_t outlen);
 /* The same as separate sentences; returns how many. */
 int gs_untracked_list(char msgs[GS_UNTRACKED_MAX][GS_UNTRACKED_LEN]);
+/* cuMemSetAccess changes only the locations it names: PROT_NONE removes one, anything else adds
+ * or replaces it; m keeps the merged list. */
+void gs_merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count);
 /* Anything released by the suspend commands (an allocation, import, mapping or host buffer). */
 int gs_anything_dropped(void);
 /* The device an import's memory lives on: the first device its mappings give access to, else 0

@@ -1,5 +1,6 @@
 """Suspend/resume cycles of workloads that share GPU memory, through the CLI (fake driver, or the
 real one with CRIU_GPUSHARE_TEST_DRIVER=real)."""
+import json
 import os
 import signal
 import time
@@ -227,3 +228,31 @@ def test_handles_released_after_mapping(lc, workload, tmp_path):
         w.do("unmap buf")
     if lc.state:  # the fake counts allocations only (a real GPU shows the context's memory too)
         assert device_usage(lc, a.pid) == 0
+
+
+def test_stream_ordered_memory_goes_through_the_copy_engine(lc, workload):
+    """cuMemAllocAsync memory, of the default pool and of a created one, is saved by the tool and
+    comes back at the same address; a block the pool keeps free is not saved at all, and the pool
+    goes on serving and reusing after resume."""
+    a = workload()
+    a.do("threshold default 1073741824")
+    x = a.do(f"allocasync x {SIZE}")["ptr"]
+    a.do("pool mine")
+    a.do(f"allocasync y {SIZE} mine")
+    a.do(f"allocasync gone {2 * SIZE}")
+    a.do("freeasync gone")
+    for cycle in range(3):
+        write(a, "x", 10 + cycle)
+        write(a, "y", 20 + cycle)
+        r = suspend(lc, a.pid, args=("--json",))
+        result = json.loads(r.stdout)
+        assert result["units"] == 2, "the two live blocks, not the free one"
+        assert result["bytes"]["copied"] == 2 * SIZE
+        assert_no_gpu_memory(lc, a.pid)
+        resume(lc, a.pid)
+        assert values(a, "x") == [10 + cycle] * 4
+        assert values(a, "y") == [20 + cycle] * 4
+    a.do("freeasync x")
+    assert a.do(f"allocasync z {SIZE}")["ptr"] == x, "the pool reuses a block freed after resume"
+    write(a, "z", 5)
+    assert values(a, "z") == [5] * 4

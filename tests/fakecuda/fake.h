@@ -72,6 +72,7 @@ struct fk_map {
     unsigned access[FK_MAX_DEVICES]; /* CUmemAccess_flags per device (VMM); ALLOC/IPC: all RW */
     int mapped;                 /* 0 while checkpointed */
     void *ctx;                  /* context the allocation was made in */
+    void *pool;                 /* FK_MAP_ALLOC from cuMemAllocAsync: its struct fk_pool */
 };
 
 /* cuMemAddressReserve ranges (and the internal ones behind cuMemAlloc / IPC opens). */
@@ -214,6 +215,8 @@ void fk_charge(struct fk_phys *p, int on);
 void fk_usage_write(void);
 size_t fk_node_used(int dev); /* bytes on dev used by all live processes */
 struct fk_map *fk_map_at(uintptr_t p);
+CUresult fk_alloc_device(struct fk_ctx *c, size_t bytesize, void *pool, CUdeviceptr *dptr);
+CUresult fk_free_device(CUdeviceptr dptr, int sync_ctx);
 struct fk_resv *fk_resv_at(uintptr_t p);
 struct fk_host *fk_host_at(uintptr_t p);
 void fk_map_unlink(struct fk_map *m);
@@ -242,6 +245,9 @@ void fk_run_memop(const struct fk_memop *m); /* memops.c; runs on a stream worke
 void fk_streams_drain_all(void);
 int fk_streams_drain_until(double deadline_ms);
 void fk_stream_sync_ctx(struct fk_ctx *c);
+/* The context of stream hs (pt: reached through a _ptsz entry point), and waiting for it. */
+CUresult fk_stream_context(CUstream hs, int pt, struct fk_ctx **out);
+CUresult fk_stream_wait_all(CUstream hs, int pt);
 
 /* ---- checkpoint.c -------------------------------------------------------------------- */
 void fk_checkpoint_start_restore_thread(void);

@@ -289,12 +289,9 @@ CUresult fk_check_range(uintptr_t p, size_t n, int device_side, int write)
 
 /* ---- cuMemAlloc / cuMemFree ------------------------------------------------------------------ */
 
-FK_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
+/* A cuMemAlloc-kind allocation in context c (pool: the memory pool it came from, or NULL). */
+CUresult fk_alloc_device(struct fk_ctx *c, size_t bytesize, void *pool, CUdeviceptr *dptr)
 {
-    FK_API("cuMemAlloc_v2");
-    struct fk_ctx *c;
-    CUresult r = fk_require_ctx(&c);
-    if (r) return r;
     if (!dptr || bytesize == 0) return CUDA_ERROR_INVALID_VALUE;
     size_t size = (bytesize + FK_GRANULARITY - 1) & ~(FK_GRANULARITY - 1);
     fk_lock();
@@ -328,6 +325,7 @@ FK_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     m->phys = p;
     m->mapped = 1;
     m->ctx = c;
+    m->pool = pool;
     m->next = fk.maps;
     fk.maps = m;
     fk_unlock();
@@ -335,9 +333,18 @@ FK_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     return CUDA_SUCCESS;
 }
 
-FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+FK_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    FK_API("cuMemFree_v2");
+    FK_API("cuMemAlloc_v2");
+    struct fk_ctx *c;
+    CUresult r = fk_require_ctx(&c);
+    if (r) return r;
+    return fk_alloc_device(c, bytesize, NULL, dptr);
+}
+
+/* Frees a cuMemAlloc-kind allocation; sync_ctx: first wait for its context's work (cuMemFree). */
+CUresult fk_free_device(CUdeviceptr dptr, int sync_ctx)
+{
     if (dptr == 0) return CUDA_SUCCESS;
     fk_lock();
     struct fk_map *m = fk_map_at((uintptr_t)dptr);
@@ -348,7 +355,7 @@ FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     struct fk_ctx *c = m->ctx;
     fk_unlock();
     /* cuMemFree waits for the work that may use the memory; cuMemUnmap does not. */
-    if (fk_valid_ctx(c)) fk_stream_sync_ctx(c);
+    if (sync_ctx && fk_valid_ctx(c)) fk_stream_sync_ctx(c);
     fk_lock();
     m = fk_map_at((uintptr_t)dptr);
     if (!m || m->kind != FK_MAP_ALLOC) {
@@ -363,6 +370,12 @@ FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
     free(m);
     fk_unlock();
     return CUDA_SUCCESS;
+}
+
+FK_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr)
+{
+    FK_API("cuMemFree_v2");
+    return fk_free_device(dptr, 1);
 }
 
 FK_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)

@@ -58,6 +58,21 @@
     E("cuModuleUnload", 2000, cuModuleUnload)                                           \
     E("cuModuleGetFunction", 2000, cuModuleGetFunction)                                 \
     E("cuMemGetInfo", 3020, cuMemGetInfo_v2)                                            \
+    T("cuMemAllocAsync", 11020, cuMemAllocAsync, cuMemAllocAsync_ptsz)                  \
+    T("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz) \
+    T("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)                     \
+    T("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz)       \
+    E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool)                    \
+    E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool)                                  \
+    E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool)                                  \
+    E("cuMemPoolCreate", 11020, cuMemPoolCreate)                                        \
+    E("cuMemPoolDestroy", 11020, cuMemPoolDestroy)                                      \
+    E("cuMemPoolSetAttribute", 11020, cuMemPoolSetAttribute)                            \
+    E("cuMemPoolGetAttribute", 11020, cuMemPoolGetAttribute)                            \
+    E("cuMemPoolTrimTo", 11020, cuMemPoolTrimTo)                                        \
+    E("cuMemPoolSetAccess", 11020, cuMemPoolSetAccess)                                  \
+    E("cuMemPoolExportToShareableHandle", 11020, cuMemPoolExportToShareableHandle)      \
+    E("cuMemPoolImportFromShareableHandle", 11020, cuMemPoolImportFromShareableHandle)  \
     E("cuMemAlloc", 3020, cuMemAlloc_v2)                                                \
     E("cuMemFree", 3020, cuMemFree_v2)                                                  \
     E("cuMemGetAddressRange", 3020, cuMemGetAddressRange_v2)                            \

@@ -317,6 +317,17 @@ CUresult fk_submit_memop(const struct fk_memop *m, CUstream hs, int pt)
 
 CUresult fk_launch_function(CUfunction f, CUstream hs, void **params, int pt) { return fk_launch(f, hs, params, pt); }
 
+CUresult fk_stream_context(CUstream hs, int pt, struct fk_ctx **out)
+{
+    struct fk_stream *s;
+    CUresult r = fk_stream_get(hs, pt, &s);
+    if (r == CUDA_SUCCESS) *out = s->ctx;
+    return r;
+}
+
+static CUresult fk_stream_synchronize(CUstream hs, int pt);
+CUresult fk_stream_wait_all(CUstream hs, int pt) { return fk_stream_synchronize(hs, pt); }
+
 /* Defines NAME and its per-thread twin TWIN with the same parameters; BODY(pt) is the shared
  * implementation, with pt = 1 in the twin. */
 #define FK_PAIR(NAME, TWIN, PARAMS, BODY)                          \

@@ -5,6 +5,14 @@ Reads one command a line on stdin and answers one JSON line on stdout: {"ok": tr
 
   malloc NAME BYTES [DEV]        cuMemAlloc (on device DEV's primary context) -> ptr
   free NAME                      cuMemFree
+  pool NAME [FD] [DEV]           cuMemPoolCreate on DEV (FD=1: POSIX-fd exportable) -> handle
+  threshold POOL BYTES           CU_MEMPOOL_ATTR_RELEASE_THRESHOLD of POOL ("default": the
+                                 device 0 default pool)
+  allocasync NAME BYTES [POOL]   cuMemAllocAsync (or cuMemAllocFromPoolAsync of POOL) on the
+                                 worker stream -> ptr
+  freeasync NAME                 cuMemFreeAsync on the worker stream (not waited for)
+  trim POOL BYTES                cuMemPoolTrimTo
+  poolexport POOL / poolimport NAME FD   pool export as a POSIX fd / its import
   cumem NAME BYTES [DEV] [FD]    cuMemCreate (FD=1 asks for POSIX fd), reserve, map, access DEV
                                                                             -> ptr, handle
   access NAME DEV PROT           cuMemSetAccess on NAME for device DEV, PROT rw|r|none
@@ -85,6 +93,7 @@ class Workload:
                       for k in ("sleep_us", "fill32", "add32")}
         self.stream = ok(cu.cuStreamCreate(0))
         self.bufs = {}
+        self.pools = {}
         self.sock = None
 
     def primary(self, dev):
@@ -114,6 +123,45 @@ class Workload:
 
     def cmd_free(self, name):
         ok(cu.cuMemFree(self.bufs.pop(name)["ptr"]))
+
+    def pool(self, name):
+        if name == "default":
+            return ok(cu.cuDeviceGetDefaultMemPool(ok(cu.cuDeviceGet(0))))
+        return self.pools[name]
+
+    def cmd_pool(self, name, fd="0", dev="0"):
+        props = cu.CUmemPoolProps()
+        props.allocType = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        props.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        props.location.id = int(dev)
+        if fd == "1":
+            props.handleTypes = FD_TYPE
+        self.pools[name] = ok(cu.cuMemPoolCreate(props))
+        return {"handle": int(self.pools[name])}
+
+    def cmd_threshold(self, pool, size):
+        attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
+        ok(cu.cuMemPoolSetAttribute(self.pool(pool), attr, cu.cuuint64_t(int(size))))
+
+    def cmd_allocasync(self, name, size, pool=None):
+        if pool is None:
+            ptr = int(ok(cu.cuMemAllocAsync(int(size), self.stream)))
+        else:
+            ptr = int(ok(cu.cuMemAllocFromPoolAsync(int(size), self.pool(pool), self.stream)))
+        self.bufs[name] = {"ptr": ptr, "size": int(size)}
+        return {"ptr": ptr}
+
+    def cmd_freeasync(self, name):
+        ok(cu.cuMemFreeAsync(self.bufs.pop(name)["ptr"], self.stream))
+
+    def cmd_trim(self, pool, size):
+        ok(cu.cuMemPoolTrimTo(self.pool(pool), int(size)))
+
+    def cmd_poolexport(self, pool):
+        return {"fd": int(ok(cu.cuMemPoolExportToShareableHandle(self.pool(pool), FD_TYPE, 0)))}
+
+    def cmd_poolimport(self, name, fd):
+        self.pools[name] = ok(cu.cuMemPoolImportFromShareableHandle(int(fd), FD_TYPE, 0))
 
     def cmd_cumem(self, name, size, dev="0", fd="1"):
         size, dev = int(size), int(dev)

@@ -1,0 +1,122 @@
+/* backing.c: exportable cuMem memory the shim allocates in the program's place (backing.h). */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backing.h"
+#include "resolve.h"
+
+size_t gs_backing_min(void)
+{
+    static long long min = -1;
+    if (min < 0) {
+        const char *e = getenv("CRIU_GPUSHARE_MALLOC_MIN");
+        char *end;
+        long long v = e && *e ? strtoll(e, &end, 0) : -1;
+        min = e && *e && *end == 0 && v >= 0 ? v : 2LL << 20;
+    }
+    return (size_t)min;
+}
+
+void gs_backing_record(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h, int dev,
+                       int origin, CUmemoryPool pool, const CUmemAccessDesc *access, int n_access)
+{
+    struct gs_alloc *a = GS_PUSH(gs.allocs);
+    memset(a, 0, sizeof(*a));
+    a->id = gs_new_id();
+    a->h = h;
+    a->size = size;
+    a->dev = dev;
+    a->origin = origin;
+    a->pool = pool;
+    a->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    a->va = va;
+    struct gs_map *m = GS_PUSH(gs.maps);
+    memset(m, 0, sizeof(*m));
+    m->va = va;
+    m->size = size;
+    m->h = h;
+    m->kind = GS_OBJ_ALLOC;
+    m->obj_id = a->id;
+    gs_merge_access(m, access, (size_t)n_access);
+}
+
+CUresult gs_backing_alloc(CUdeviceptr *dptr, size_t bytesize, int dev, int origin,
+                          CUmemoryPool pool, const CUmemAccessDesc *access, int n_access)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    CUresult r = CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
+                    cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (r != CUDA_SUCCESS || !gran)
+        return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_VALUE;
+    size_t size = (bytesize + gran - 1) / gran * gran;
+    CUmemGenericAllocationHandle h;
+    r = REAL(cuMemCreate)(&h, size, &prop, 0);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CUdeviceptr va = 0;
+    r = CU(CUresult(*)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long),
+           cuMemAddressReserve, &va, size, 0, 0, 0);
+    if (r != CUDA_SUCCESS)
+        goto release;
+    r = REAL(cuMemMap)(va, size, 0, h, 0);
+    if (r != CUDA_SUCCESS)
+        goto free_va;
+    r = REAL(cuMemSetAccess)(va, size, access, (size_t)n_access);
+    if (r != CUDA_SUCCESS)
+        goto unmap;
+    *dptr = va;
+    gs_lock();
+    gs_backing_record(va, size, h, dev, origin, pool, access, n_access);
+    gs_unlock();
+    return CUDA_SUCCESS;
+unmap:
+    REAL(cuMemUnmap)(va, size);
+free_va:
+    CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, va, size);
+release:
+    REAL(cuMemRelease)(h);
+    return r;
+}
+
+int gs_backing_forget(CUdeviceptr va, CUmemGenericAllocationHandle *h, size_t *size, int *origin)
+{
+    struct gs_alloc *a = gs_find_backed_va(va);
+    if (!a)
+        return -1;
+    uint64_t id = a->id;
+    *h = a->h;
+    *size = a->size;
+    *origin = a->origin;
+    for (size_t i = 0; i < gs.maps.n;)
+        if (gs.maps.v[i].va >= va && gs.maps.v[i].va - va < *size)
+            GS_DEL(gs.maps, i);
+        else
+            i++;
+    for (size_t j = 0; j < gs.exports.n;)
+        if (gs.exports.v[j].kind == GS_OBJ_ALLOC && gs.exports.v[j].obj_id == id) {
+            close(gs.exports.v[j].fd);
+            GS_DEL(gs.exports, j);
+        } else {
+            j++;
+        }
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (gs.allocs.v[i].id == id) {
+            GS_DEL(gs.allocs, i);
+            break;
+        }
+    return 0;
+}
+
+CUresult gs_backing_destroy(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h)
+{
+    REAL(cuMemUnmap)(va, size);
+    CU(CUresult(*)(CUdeviceptr, size_t), cuMemAddressFree, va, size);
+    return REAL(cuMemRelease)(h);
+}

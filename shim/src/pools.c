@@ -1,0 +1,529 @@
+/* pools.c: stream-ordered allocation and memory pools.
+ *
+ *   cuMemAllocAsync, cuMemAllocFromPoolAsync  >= CRIU_GPUSHARE_MALLOC_MIN from a pool without
+ *                      export handle types (each device's default pool, pools created without
+ *                      them) are backed like a large cuMemAlloc (backing.c), so a checkpoint moves
+ *                      them through the copy engine instead of the driver's slow path. The driver
+ *                      serves the rest: smaller sizes, exportable, size-limited and imported pools,
+ *                      and allocations during stream capture (they become graph nodes)
+ *   cuMemFreeAsync     a backed block goes to its pool's cache behind an event recorded on the
+ *                      stream; an allocation of the same size from that pool takes it back, on the
+ *                      same stream at once (stream order makes that safe), on another stream once
+ *                      the event completed
+ *   the cache          keeps at most the pool's release threshold of completed blocks; cuMemPoolTrimTo
+ *                      and cuMemPoolDestroy release them, and so does quiesce (gs_pools_trim), so a
+ *                      checkpoint never carries a free block
+ *   cuMemPoolSetAccess applied to the pool's backed blocks too, and to every later one
+ *   cuMemPoolImportFromShareableHandle  counted: a process that imported another's pool cannot
+ *                      be restored by the driver, so its checkpoint is refused (track.c)
+ *
+ * Lock order: pools_mu, then the state lock. Driver calls that free memory run after both are
+ * dropped.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backing.h"
+#include "devices.h"
+#include "pools.h"
+#include "resolve.h"
+#include "track.h"
+
+/* A pool the shim has seen: created here, or a device's default pool met at an allocation. */
+struct pool {
+    CUmemoryPool h;
+    int dev;
+    int backed; /* its allocations are the shim's memory */
+    int n_access;
+    CUmemAccessDesc access[GS_MAX_ACCESS];
+};
+
+/* A freed backed block waiting in its pool's cache. */
+struct block {
+    CUdeviceptr va;
+    size_t size;
+    CUmemGenericAllocationHandle h;
+    CUmemoryPool pool;
+    CUstream stream; /* freed on this stream; reused on it at once */
+    int per_thread;  /* stream came through a _ptsz entry point */
+    CUevent done;    /* completes when the work before the free did; NULL: already done */
+};
+
+static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
+static GS_ARRAY(struct pool) pools;
+static GS_ARRAY(struct block) cache;
+
+static struct pool *find_pool(CUmemoryPool h)
+{
+    for (size_t i = 0; i < pools.n; i++)
+        if (pools.v[i].h == h)
+            return &pools.v[i];
+    return NULL;
+}
+
+static struct pool *add_pool(CUmemoryPool h, int dev, int backed)
+{
+    struct pool *p = GS_PUSH(pools);
+    memset(p, 0, sizeof(*p));
+    p->h = h;
+    p->dev = dev;
+    p->backed = backed;
+    p->n_access = 1;
+    p->access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p->access[0].location.id = dev;
+    p->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    return p;
+}
+
+/* The pool's record; a device's default pool is recorded when first met. pools_mu held. */
+static struct pool *pool_of(CUmemoryPool h)
+{
+    struct pool *p = find_pool(h);
+    if (p)
+        return p;
+    int n = 0;
+    CU(CUresult(*)(int *), cuDeviceGetCount, &n);
+    for (int dev = 0; dev < n && dev < GS_MAX_DEV; dev++) {
+        CUmemoryPool d = NULL;
+        if (CU(CUresult(*)(CUmemoryPool *, CUdevice), cuDeviceGetDefaultMemPool, &d, dev) ==
+                CUDA_SUCCESS && d == h)
+            return add_pool(h, dev, 1);
+    }
+    return NULL;
+}
+
+/* The device of stream s: its context's, or the current one for the NULL and special streams. */
+static int stream_device(CUstream s, int *dev)
+{
+    CUdevice d = 0;
+    uintptr_t v = (uintptr_t)s;
+    if (v == 0 || v == (uintptr_t)CU_STREAM_LEGACY || v == (uintptr_t)CU_STREAM_PER_THREAD) {
+        if (CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d) != CUDA_SUCCESS)
+            return -1;
+    } else {
+        CUcontext ctx = NULL, old = NULL;
+        if (CU(CUresult(*)(CUstream, CUcontext *), cuStreamGetCtx, s, &ctx) != CUDA_SUCCESS ||
+            CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS)
+            return -1;
+        CUresult r = CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d);
+        CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
+        if (r != CUDA_SUCCESS)
+            return -1;
+    }
+    *dev = (int)d;
+    return 0;
+}
+
+/* Stream capture turns an allocation into a graph node: only the driver can do that. Unknown
+ * (the driver lacks the call, or refuses) counts as capturing. */
+static int capturing(CUstream s, int per_thread)
+{
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = per_thread ? CU(CUresult(*)(CUstream, CUstreamCaptureStatus *), cuStreamIsCapturing_ptsz, s, &st)
+                            : CU(CUresult(*)(CUstream, CUstreamCaptureStatus *), cuStreamIsCapturing, s, &st);
+    return r != CUDA_SUCCESS || st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+static int event_done(CUevent e)
+{
+    return !e || CU(CUresult(*)(CUevent), cuEventQuery, e) == CUDA_SUCCESS;
+}
+
+/* Takes the cached blocks to release out of the cache: completed ones of pool (NULL: any) beyond
+ * keep bytes, or with keep == (size_t)-1 every one (quiesce: the work is drained). pools_mu held. */
+static size_t take_for_release(CUmemoryPool pool, size_t keep, struct block *out, size_t max)
+{
+    size_t cached = 0, n = 0;
+    for (size_t i = 0; i < cache.n; i++)
+        if (!pool || cache.v[i].pool == pool)
+            cached += cache.v[i].size;
+    for (size_t i = 0; i < cache.n && n < max;) {
+        struct block *b = &cache.v[i];
+        int all = keep == (size_t)-1;
+        if ((!pool || b->pool == pool) && (all || cached > keep) && (all || event_done(b->done))) {
+            cached -= b->size;
+            out[n++] = *b;
+            GS_DEL(cache, i);
+        } else {
+            i++;
+        }
+    }
+    return n;
+}
+
+static void release_blocks(struct block *b, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (b[i].done)
+            CU(CUresult(*)(CUevent), cuEventDestroy_v2, b[i].done);
+        gs_backing_destroy(b[i].va, b[i].size, b[i].h);
+    }
+}
+
+#define RELEASE_BATCH 64
+
+/* Releases the completed blocks of pool beyond its release threshold. */
+static void trim_to_threshold(CUmemoryPool pool)
+{
+    cuuint64_t threshold = 0;
+    CU(CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *), cuMemPoolGetAttribute, pool,
+       CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
+    struct block out[RELEASE_BATCH];
+    pthread_mutex_lock(&pools_mu);
+    size_t n = take_for_release(pool, (size_t)threshold, out, RELEASE_BATCH);
+    pthread_mutex_unlock(&pools_mu);
+    release_blocks(out, n);
+}
+
+/* A cached block of pool and size usable on stream s now, taken out of the cache. pools_mu held. */
+static int take_cached(CUmemoryPool pool, size_t size, CUstream s, int per_thread, struct block *out)
+{
+    for (size_t i = 0; i < cache.n; i++) {
+        struct block *b = &cache.v[i];
+        if (b->pool != pool || b->size != size)
+            continue;
+        if ((b->stream == s && b->per_thread == per_thread) || event_done(b->done)) {
+            *out = *b;
+            GS_DEL(cache, i);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static size_t rounded(size_t bytesize, int dev)
+{
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof(prop));
+    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop.location.id = dev;
+    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    size_t gran = 0;
+    if (CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
+           cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            CUDA_SUCCESS || !gran)
+        return 0;
+    return (bytesize + gran - 1) / gran * gran;
+}
+
+/* A backed allocation from pool (NULL: the current pool of the stream's device); 1 when the
+ * driver must serve it instead. */
+static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s,
+                        int per_thread, CUresult *result)
+{
+    int dev;
+    if (!dptr || bytesize < gs_backing_min() || gs_backing_min() == 0 || capturing(s, per_thread) ||
+        stream_device(s, &dev))
+        return 1;
+    if (!pool && CU(CUresult(*)(CUmemoryPool *, CUdevice), cuDeviceGetMemPool, &pool, dev) != CUDA_SUCCESS)
+        return 1;
+    size_t size = rounded(bytesize, dev);
+    if (!size)
+        return 1;
+    pthread_mutex_lock(&pools_mu);
+    struct pool *p = pool_of(pool);
+    if (!p || !p->backed || p->dev != dev) {
+        pthread_mutex_unlock(&pools_mu);
+        return 1;
+    }
+    CUmemAccessDesc access[GS_MAX_ACCESS];
+    int n_access = p->n_access;
+    memcpy(access, p->access, sizeof(access));
+    struct block b;
+    if (take_cached(pool, size, s, per_thread, &b)) {
+        gs_lock();
+        gs_backing_record(b.va, b.size, b.h, dev, GS_ORIGIN_ASYNC, pool, access, n_access);
+        gs_unlock();
+        pthread_mutex_unlock(&pools_mu);
+        if (b.done)
+            CU(CUresult(*)(CUevent), cuEventDestroy_v2, b.done);
+        *dptr = b.va;
+        *result = CUDA_SUCCESS;
+        return 0;
+    }
+    pthread_mutex_unlock(&pools_mu);
+    trim_to_threshold(pool); /* room for the new block first */
+    if (gs_backing_alloc(dptr, size, dev, GS_ORIGIN_ASYNC, pool, access, n_access) != CUDA_SUCCESS)
+        return 1; /* the driver's pool may still have room */
+    *result = CUDA_SUCCESS;
+    return 0;
+}
+
+/* 1 when the driver must serve the allocation, else 0 with its result. */
+static int alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s,
+                       int per_thread, CUresult *result)
+{
+    gs_depth++;
+    gs_want_server();
+    int driver = backed_alloc(dptr, bytesize, pool, s, per_thread, result);
+    gs_depth--;
+    return driver;
+}
+
+#define ALLOC_WRAPPER(name, per_thread)                                                         \
+    CUresult CUDAAPI name(CUdeviceptr *dptr, size_t bytesize, CUstream s)                       \
+    {                                                                                           \
+        __typeof__(&name) real = REAL(name);                                                    \
+        CUresult r;                                                                             \
+        if (!real)                                                                              \
+            return CUDA_ERROR_NOT_FOUND;                                                        \
+        if (gs_depth || alloc_async(dptr, bytesize, NULL, s, per_thread, &r))                   \
+            return real(dptr, bytesize, s);                                                     \
+        return r;                                                                               \
+    }
+#define POOL_ALLOC_WRAPPER(name, per_thread)                                                    \
+    CUresult CUDAAPI name(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s)    \
+    {                                                                                           \
+        __typeof__(&name) real = REAL(name);                                                    \
+        CUresult r;                                                                             \
+        if (!real)                                                                              \
+            return CUDA_ERROR_NOT_FOUND;                                                        \
+        if (gs_depth || !pool || alloc_async(dptr, bytesize, pool, s, per_thread, &r))          \
+            return real(dptr, bytesize, pool, s);                                               \
+        return r;                                                                               \
+    }
+ALLOC_WRAPPER(cuMemAllocAsync, 0)
+ALLOC_WRAPPER(cuMemAllocAsync_ptsz, 1)
+POOL_ALLOC_WRAPPER(cuMemAllocFromPoolAsync, 0)
+POOL_ALLOC_WRAPPER(cuMemAllocFromPoolAsync_ptsz, 1)
+
+/* An event completing after the work queued on s so far, or NULL (the caller then waits). */
+static CUevent record_on(CUstream s, int per_thread)
+{
+    CUevent e = NULL;
+    if (CU(CUresult(*)(CUevent *, unsigned), cuEventCreate, &e, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS)
+        return NULL;
+    CUresult r = per_thread ? CU(CUresult(*)(CUevent, CUstream), cuEventRecord_ptsz, e, s)
+                            : CU(CUresult(*)(CUevent, CUstream), cuEventRecord, e, s);
+    if (r != CUDA_SUCCESS) {
+        CU(CUresult(*)(CUevent), cuEventDestroy_v2, e);
+        return NULL;
+    }
+    return e;
+}
+
+/* 1 when dptr is not the shim's stream-ordered memory (the driver frees it). */
+static int backed_free(CUdeviceptr dptr, CUstream s, int per_thread, CUresult *result)
+{
+    pthread_mutex_lock(&pools_mu);
+    gs_lock();
+    struct gs_alloc *a = gs_find_backed_va(dptr);
+    int ours = a && a->origin == GS_ORIGIN_ASYNC;
+    gs_unlock();
+    pthread_mutex_unlock(&pools_mu);
+    if (!ours || capturing(s, per_thread))
+        return 1;
+    CUevent done = record_on(s, per_thread);
+    if (!done) { /* no event: wait for the stream instead, the block is then free at once */
+        CUresult r = per_thread ? CU(CUresult(*)(CUstream), cuStreamSynchronize_ptsz, s)
+                                : CU(CUresult(*)(CUstream), cuStreamSynchronize, s);
+        if (r != CUDA_SUCCESS) {
+            *result = r;
+            return 0;
+        }
+    }
+    struct block b = {.stream = s, .per_thread = per_thread, .done = done};
+    int origin;
+    pthread_mutex_lock(&pools_mu);
+    gs_lock();
+    a = gs_find_backed_va(dptr);
+    b.pool = a ? a->pool : NULL;
+    int found = a && gs_backing_forget(dptr, &b.h, &b.size, &origin) == 0;
+    gs_unlock();
+    if (found) {
+        b.va = dptr;
+        *GS_PUSH(cache) = b;
+    }
+    pthread_mutex_unlock(&pools_mu);
+    if (!found) { /* freed by another thread meanwhile: the driver gives the error */
+        if (done)
+            CU(CUresult(*)(CUevent), cuEventDestroy_v2, done);
+        return 1;
+    }
+    trim_to_threshold(b.pool);
+    *result = CUDA_SUCCESS;
+    return 0;
+}
+
+#define FREE_WRAPPER(name, per_thread)                                                          \
+    CUresult CUDAAPI name(CUdeviceptr dptr, CUstream s)                                         \
+    {                                                                                           \
+        __typeof__(&name) real = REAL(name);                                                    \
+        if (!real)                                                                              \
+            return CUDA_ERROR_NOT_FOUND;                                                        \
+        if (gs_depth)                                                                           \
+            return real(dptr, s);                                                               \
+        gs_depth++;                                                                             \
+        CUresult r = CUDA_SUCCESS;                                                              \
+        int driver = backed_free(dptr, s, per_thread, &r);                                      \
+        gs_depth--;                                                                             \
+        return driver ? real(dptr, s) : r;                                                      \
+    }
+FREE_WRAPPER(cuMemFreeAsync, 0)
+FREE_WRAPPER(cuMemFreeAsync_ptsz, 1)
+
+/* ---- pools ------------------------------------------------------------------------------------ */
+
+CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
+{
+    __typeof__(&cuMemPoolCreate) real = REAL(cuMemPoolCreate);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = real(pool, props);
+    if (r != CUDA_SUCCESS || gs_depth || !pool || !props)
+        return r;
+    /* A size limit or a usage the shim's memory would not honour leaves the pool to the driver. */
+    int backed = props->handleTypes == CU_MEM_HANDLE_TYPE_NONE && props->maxSize == 0 &&
+                 props->usage == 0 && props->allocType == CU_MEM_ALLOCATION_TYPE_PINNED &&
+                 props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+                 props->location.id >= 0 && props->location.id < GS_MAX_DEV;
+    pthread_mutex_lock(&pools_mu);
+    add_pool(*pool, backed ? props->location.id : -1, backed);
+    pthread_mutex_unlock(&pools_mu);
+    return r;
+}
+
+/* The pool's cached blocks go first: the driver frees its own memory of it, not the shim's. */
+static void release_pool_cache(CUmemoryPool pool, size_t keep)
+{
+    struct block out[RELEASE_BATCH];
+    size_t n;
+    do {
+        pthread_mutex_lock(&pools_mu);
+        n = take_for_release(pool, keep, out, RELEASE_BATCH);
+        pthread_mutex_unlock(&pools_mu);
+        for (size_t i = 0; i < n; i++)
+            if (out[i].done)
+                CU(CUresult(*)(CUevent), cuEventSynchronize, out[i].done);
+        release_blocks(out, n);
+    } while (n == RELEASE_BATCH);
+}
+
+CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
+{
+    __typeof__(&cuMemPoolDestroy) real = REAL(cuMemPoolDestroy);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(pool);
+    gs_depth++;
+    release_pool_cache(pool, (size_t)-1);
+    CUresult r = real(pool);
+    if (r == CUDA_SUCCESS) {
+        pthread_mutex_lock(&pools_mu);
+        for (size_t i = 0; i < pools.n; i++)
+            if (pools.v[i].h == pool) {
+                GS_DEL(pools, i);
+                break;
+            }
+        pthread_mutex_unlock(&pools_mu);
+    }
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
+{
+    __typeof__(&cuMemPoolTrimTo) real = REAL(cuMemPoolTrimTo);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    if (gs_depth)
+        return real(pool, minBytesToKeep);
+    gs_depth++;
+    struct block out[RELEASE_BATCH];
+    size_t n;
+    do { /* completed blocks only, as the driver trims only memory no work still uses */
+        pthread_mutex_lock(&pools_mu);
+        n = take_for_release(pool, minBytesToKeep, out, RELEASE_BATCH);
+        pthread_mutex_unlock(&pools_mu);
+        release_blocks(out, n);
+    } while (n == RELEASE_BATCH);
+    CUresult r = real(pool, minBytesToKeep);
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
+{
+    __typeof__(&cuMemPoolSetAccess) real = REAL(cuMemPoolSetAccess);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = real(pool, map, count);
+    if (r != CUDA_SUCCESS || gs_depth || !map)
+        return r;
+    gs_depth++;
+    pthread_mutex_lock(&pools_mu);
+    struct pool *p = pool_of(pool);
+    if (p && p->backed) {
+        /* The pool's record keeps the merged list for blocks made later (a map of one entry). */
+        struct gs_map merged;
+        memset(&merged, 0, sizeof(merged));
+        merged.n_access = p->n_access;
+        memcpy(merged.access, p->access, sizeof(p->access));
+        gs_merge_access(&merged, map, count);
+        p->n_access = merged.n_access;
+        memcpy(p->access, merged.access, sizeof(p->access));
+        for (size_t i = 0; i < cache.n; i++)
+            if (cache.v[i].pool == pool)
+                REAL(cuMemSetAccess)(cache.v[i].va, cache.v[i].size, map, count);
+        gs_lock();
+        for (size_t i = 0; i < gs.allocs.n; i++) {
+            struct gs_alloc *a = &gs.allocs.v[i];
+            if (a->origin != GS_ORIGIN_ASYNC || a->pool != pool || a->dropped)
+                continue;
+            if (REAL(cuMemSetAccess)(a->va, a->size, map, count) == CUDA_SUCCESS) {
+                struct gs_map *m = gs_find_map_at(a->va);
+                if (m)
+                    gs_merge_access(m, map, count);
+            }
+        }
+        gs_unlock();
+    }
+    pthread_mutex_unlock(&pools_mu);
+    gs_depth--;
+    return r;
+}
+
+CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *handle,
+                                                    CUmemAllocationHandleType type,
+                                                    unsigned long long flags)
+{
+    __typeof__(&cuMemPoolImportFromShareableHandle) real = REAL(cuMemPoolImportFromShareableHandle);
+    if (!real)
+        return CUDA_ERROR_NOT_FOUND;
+    CUresult r = real(pool, handle, type, flags);
+    if (r == CUDA_SUCCESS && !gs_depth) {
+        gs_lock();
+        gs.n_pool_imports++;
+        gs_unlock();
+    }
+    return r;
+}
+
+/* ---- suspend ---------------------------------------------------------------------------------- */
+
+void gs_pools_trim(void)
+{
+    struct block out[RELEASE_BATCH];
+    size_t n;
+    do {
+        pthread_mutex_lock(&pools_mu);
+        n = take_for_release(NULL, (size_t)-1, out, RELEASE_BATCH);
+        pthread_mutex_unlock(&pools_mu);
+        int pushed = gs_push_ctx(0); /* a control thread has no context of its own */
+        release_blocks(out, n);
+        gs_pop_ctx(pushed);
+    } while (n == RELEASE_BATCH);
+}
+
+void gs_pools_reset_after_fork(void)
+{
+    /* The child has no CUDA objects: neither the cached blocks nor the pools came along. */
+    pthread_mutex_init(&pools_mu, NULL);
+    free(cache.v);
+    free(pools.v);
+    memset(&cache, 0, sizeof(cache));
+    memset(&pools, 0, sizeof(pools));
+}
