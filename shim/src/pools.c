@@ -130,9 +130,11 @@ static int event_done(CUevent e)
     return !e || CU(CUresult(*)(CUevent), cuEventQuery, e) == CUDA_SUCCESS;
 }
 
-/* Takes the cached blocks to release out of the cache: completed ones of pool (NULL: any) beyond
- * keep bytes, or with keep == (size_t)-1 every one (quiesce: the work is drained). pools_mu held. */
-static size_t take_for_release(CUmemoryPool pool, size_t keep, struct block *out, size_t max)
+/* Takes the cached blocks to release out of the cache: the completed ones of pool (NULL: any)
+ * beyond keep bytes, or with every all of them, done or not (the caller has drained the work or
+ * waits for their events). pools_mu held. */
+static size_t take_for_release(CUmemoryPool pool, size_t keep, int every, struct block *out,
+                               size_t max)
 {
     size_t cached = 0, n = 0;
     for (size_t i = 0; i < cache.n; i++)
@@ -140,8 +142,7 @@ static size_t take_for_release(CUmemoryPool pool, size_t keep, struct block *out
             cached += cache.v[i].size;
     for (size_t i = 0; i < cache.n && n < max;) {
         struct block *b = &cache.v[i];
-        int all = keep == (size_t)-1;
-        if ((!pool || b->pool == pool) && (all || cached > keep) && (all || event_done(b->done))) {
+        if ((!pool || b->pool == pool) && (every || (cached > keep && event_done(b->done)))) {
             cached -= b->size;
             out[n++] = *b;
             GS_DEL(cache, i);
@@ -163,17 +164,28 @@ static void release_blocks(struct block *b, size_t n)
 
 #define RELEASE_BATCH 64
 
+/* Releases the completed cached blocks of pool (NULL: every pool) beyond keep bytes. */
+static void release_completed_of(CUmemoryPool pool, size_t keep)
+{
+    struct block out[RELEASE_BATCH];
+    size_t n;
+    do {
+        pthread_mutex_lock(&pools_mu);
+        n = take_for_release(pool, keep, 0, out, RELEASE_BATCH);
+        pthread_mutex_unlock(&pools_mu);
+        release_blocks(out, n);
+    } while (n == RELEASE_BATCH);
+}
+
+static void release_completed(void) { release_completed_of(NULL, 0); }
+
 /* Releases the completed blocks of pool beyond its release threshold. */
 static void trim_to_threshold(CUmemoryPool pool)
 {
     cuuint64_t threshold = 0;
     CU(CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *), cuMemPoolGetAttribute, pool,
        CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
-    struct block out[RELEASE_BATCH];
-    pthread_mutex_lock(&pools_mu);
-    size_t n = take_for_release(pool, (size_t)threshold, out, RELEASE_BATCH);
-    pthread_mutex_unlock(&pools_mu);
-    release_blocks(out, n);
+    release_completed_of(pool, (size_t)threshold);
 }
 
 /* A cached block of pool and size usable on stream s now, taken out of the cache. pools_mu held. */
@@ -245,7 +257,13 @@ static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, C
     }
     pthread_mutex_unlock(&pools_mu);
     trim_to_threshold(pool); /* room for the new block first */
-    if (gs_backing_alloc(dptr, size, dev, GS_ORIGIN_ASYNC, pool, access, n_access) != CUDA_SUCCESS)
+    CUresult r = gs_backing_alloc(dptr, size, dev, GS_ORIGIN_ASYNC, pool, access, n_access);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* Blocks cached for other sizes are what a driver pool would have reused: free them. */
+        release_completed();
+        r = gs_backing_alloc(dptr, size, dev, GS_ORIGIN_ASYNC, pool, access, n_access);
+    }
+    if (r != CUDA_SUCCESS)
         return 1; /* the driver's pool may still have room */
     *result = CUDA_SUCCESS;
     return 0;
@@ -386,13 +404,13 @@ CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
 }
 
 /* The pool's cached blocks go first: the driver frees its own memory of it, not the shim's. */
-static void release_pool_cache(CUmemoryPool pool, size_t keep)
+static void release_pool_cache(CUmemoryPool pool)
 {
     struct block out[RELEASE_BATCH];
     size_t n;
     do {
         pthread_mutex_lock(&pools_mu);
-        n = take_for_release(pool, keep, out, RELEASE_BATCH);
+        n = take_for_release(pool, 0, 1, out, RELEASE_BATCH);
         pthread_mutex_unlock(&pools_mu);
         for (size_t i = 0; i < n; i++)
             if (out[i].done)
@@ -409,7 +427,7 @@ CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
     if (gs_depth)
         return real(pool);
     gs_depth++;
-    release_pool_cache(pool, (size_t)-1);
+    release_pool_cache(pool);
     CUresult r = real(pool);
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&pools_mu);
@@ -432,14 +450,7 @@ CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
     if (gs_depth)
         return real(pool, minBytesToKeep);
     gs_depth++;
-    struct block out[RELEASE_BATCH];
-    size_t n;
-    do { /* completed blocks only, as the driver trims only memory no work still uses */
-        pthread_mutex_lock(&pools_mu);
-        n = take_for_release(pool, minBytesToKeep, out, RELEASE_BATCH);
-        pthread_mutex_unlock(&pools_mu);
-        release_blocks(out, n);
-    } while (n == RELEASE_BATCH);
+    release_completed_of(pool, minBytesToKeep); /* as the driver, only memory no work still uses */
     CUresult r = real(pool, minBytesToKeep);
     gs_depth--;
     return r;
@@ -510,7 +521,7 @@ void gs_pools_trim(void)
     size_t n;
     do {
         pthread_mutex_lock(&pools_mu);
-        n = take_for_release(NULL, (size_t)-1, out, RELEASE_BATCH);
+        n = take_for_release(NULL, 0, 1, out, RELEASE_BATCH);
         pthread_mutex_unlock(&pools_mu);
         int pushed = gs_push_ctx(0); /* a control thread has no context of its own */
         release_blocks(out, n);

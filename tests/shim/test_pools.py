@@ -122,3 +122,18 @@ def test_a_process_that_imported_a_pool_is_refused_by_quiesce(workload, tmp_path
     with pytest.raises(ShimError, match="memory pool"):
         control.quiesce(b.pid)
     assert b.status()["state"] == "running", "a refused quiesce leaves the process running"
+
+
+@fake_only
+def test_an_unlimited_threshold_never_releases_a_block_work_still_uses(workload, fake_env):
+    """PyTorch sets the release threshold to UINT64_MAX: the cache then keeps every block, and one
+    freed behind queued work stays mapped until that work is done."""
+    w = workload()
+    w.do(f"threshold default {(1 << 64) - 1}")
+    w.do(f"allocasync x {4 * MiB}")
+    w.do("sleep 300000")
+    w.do("fill x 1")        # still queued when x is freed
+    w.do("freeasync x")
+    w.do(f"allocasync y {6 * MiB}")
+    w.do("sync")            # the fill ran on mapped memory: the process is alive to answer
+    assert usage(w, fake_env) == 10 * MiB, "below the threshold the freed block stays cached"
