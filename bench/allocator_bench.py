@@ -13,8 +13,9 @@ Allocators (each a fresh process under the shim, bench/workloads/):
   cupy-async         cupy.cuda.MemoryAsyncPool (cudaMallocAsync)
 For each: `criu-gpushare suspend PID --store S` + `resume PID` with an empty store, then again
 (every chunk stored), each followed by a check of the contents (GPU digest): "ok" / "WRONG". The
-"copied" column is the bytes the tool moved through its store: memory it does not track (pools)
-goes through the driver's own checkpoint instead, which shows as a slower suspend. "x dflt" =
+"copied" column is the bytes the tool moved through its store: memory the shim does not back
+(exportable pools, allocations below 2 MiB) goes through the driver's own checkpoint instead, which
+shows as a slower suspend. "x dflt" =
 torch-default's seconds / the row's (the goal: every allocator at the default one's speed). A
 variant whose library is missing (no CuPy) is a row "not available".
 """

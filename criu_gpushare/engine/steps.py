@@ -29,13 +29,15 @@ Back (UNDO: each runs when the step it undoes was begun):
   attach    importers map the owners' memory again at their own addresses
   reopen    host memory re-registered at the same device pointers, gates opened
 """
+import contextlib
 import dataclasses
+import functools
 import os
 import time
 
 from ..errors import BusyError, Error, ShimError
 from ..gpu import checkpoint_api as ck
-from ..gpu.copy_engine import CopyEngine, CopyStats
+from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
 from ..gpu.devices import DeviceMap, workload_devices_map
 from ..gpu.memory import ImportedAllocation
 from ..shimctl import client as control
@@ -222,24 +224,33 @@ class Group:
             raise ShimError(f"process {unit.owner}: {cmd} {unit.id} sent {len(fds)} fds, not 1")
         return fds[0]
 
+    @contextlib.contextmanager
+    def _mapped(self, unit):
+        """unit's memory mapped in this process (its owner's shim exports an fd): the pointer."""
+        fd = self._export_fd(unit)
+        try:
+            with ImportedAllocation(fd, unit.size, self._tool_device(unit)) as mem:
+                yield mem.ptr
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def _mapped_for_save(self, unit):
+        with self._mapped(unit) as ptr:
+            yield ptr
+        fault_point("copy")  # between two units: part of the memory is in the store
+
     def _save(self):
         with Store.open(self.options.store, create=True) as store, store.begin_write(self.options.ref) as session:
             processes = {}
             total = sum(u.size for u in self.units)
+            items = [SaveItem(u.key, u.size, self._tool_device(u), functools.partial(self._mapped_for_save, u),
+                              {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
+                     for u in self.units]
             with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total) as engine:
-                for unit in self.units:
-                    fd = self._export_fd(unit)
-                    try:
-                        device = self._tool_device(unit)
-                        with ImportedAllocation(fd, unit.size, device) as mem:
-                            alloc, stats = engine.save(unit.key, mem.ptr, unit.size, device,
-                                                       meta={"kind": unit.kind, "id": unit.id,
-                                                             "device": unit.device, "origin": list(unit.origin)})
-                    finally:
-                        os.close(fd)
+                for unit, (alloc, stats) in zip(self.units, engine.save_all(items)):
                     self.stats.add(stats)
                     processes.setdefault(unit.owner, []).append(alloc)
-                    fault_point("copy")  # between two units: part of the memory is in the store
             self.manifest = Manifest([ProcessEntry(pid, allocs) for pid, allocs in sorted(processes.items())],
                                      meta={"pids": self.pids, "gpus": self.gpus})
             # Held before the ref exists: no `store rm` can slip in between (store/holds.py).
@@ -364,16 +375,12 @@ class Group:
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
             allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
             total = sum(u.size for u in self.units)
+            items = [LoadItem(allocs[u.key], self._tool_device(u), functools.partial(self._mapped, u))
+                     for u in self.units]
             with CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
                             progress=self._progress(total, "loaded")) as engine:
-                for unit in self.units:
-                    fd = self._export_fd(unit)
-                    try:
-                        device = self._tool_device(unit)
-                        with ImportedAllocation(fd, unit.size, device) as mem:
-                            self.stats.add(engine.load(allocs[unit.key], mem.ptr, device))
-                    finally:
-                        os.close(fd)
+                for stats in engine.load_all(items):
+                    self.stats.add(stats)
 
     def _attach(self):
         for a in self.attachments:

@@ -17,6 +17,7 @@ hasher (CRIU_GPUSHARE_GPU_HASH=0, a driver that runs no kernels such as the test
 not 16-byte aligned) every chunk is copied, as before.
 """
 import concurrent.futures
+import contextlib
 import dataclasses
 import logging
 import os
@@ -85,7 +86,7 @@ class CopyEngine:
         self._hashers = {}  # device -> GpuHasher, or None where none is usable
 
     def close(self):
-        self.pool.shutdown(wait=True)
+        self.pool.shutdown(wait=True, cancel_futures=True)
         cu = drv.driver()
         for hasher in self._hashers.values():
             if hasher is not None:
@@ -158,46 +159,66 @@ class CopyEngine:
 
     def save(self, key, ptr, size, device, meta=None):
         """Copy `size` bytes at device pointer `ptr` into the store; (manifest Allocation, CopyStats)."""
+        return self.save_all([SaveItem(key, size, device, lambda: contextlib.nullcontext(ptr), meta)])[0]
+
+    def save_all(self, items):
+        """Save many allocations through one pipeline: [(manifest Allocation, CopyStats)] in order.
+
+        Each item's memory is open (item.open()) only until its device-to-host copies are done;
+        hashing and writing its chunks go on while the next items are opened and copied, so many
+        small allocations move at the rate of few large ones. The ring's slots are shared by all
+        items: a slot is reused once its previous chunk, of whichever item, is stored."""
         cu = drv.driver()
-        stream, events = self.prepare(device, ring=False)
-        t0 = time.monotonic()
-        gpu_ids, known = self._known(ptr, size, device, stream)
-        results = list(known)
-        unchanged = sum(r.length for r in known if r is not None)
-        if unchanged:
-            self.progress(unchanged)
-        todo = [(i, off, length) for i, (off, length) in enumerate(self._chunks(size)) if known[i] is None]
-        if todo:
-            self.prepare(device)  # the pinned ring, only when something is to cross the link
-        pending = [None] * self.ring_slots
-        futures = []
-
-        def store_slot(slot, length):
-            use_device(device)
-            drv.check(cu.cuEventSynchronize(events[slot]), "wait for a device-to-host copy")
-            result = self.store.put(self._ring[slot].view[:length])
-            self.progress(length)
-            return result
-
+        slot_futures = [None] * self.ring_slots
+        next_slot = 0
+        saves = []  # (item, gpu ids, results, [(chunk index, future)], unchanged bytes, start time)
         try:
-            for n, (i, off, length) in enumerate(todo):
-                slot = n % self.ring_slots
-                if pending[slot] is not None:
-                    pending[slot].result()  # the slot's previous chunk is stored: reuse it
-                drv.check(cu.cuMemcpyDtoHAsync(self._ring[slot].ptr, int(ptr) + off, length, stream),
-                          f"copy {key} to host")
-                drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
-                pending[slot] = self.pool.submit(store_slot, slot, length)
-                futures.append(pending[slot])
-            for (i, off, length), f in zip(todo, futures):
-                results[i] = f.result()
+            for item in items:
+                stream, events = self.prepare(item.device, ring=False)
+                t0 = time.monotonic()
+                with item.open() as ptr:
+                    gpu_ids, known = self._known(ptr, item.size, item.device, stream)
+                    unchanged = sum(r.length for r in known if r is not None)
+                    if unchanged:
+                        self.progress(unchanged)
+                    todo = [(i, off, n) for i, (off, n) in enumerate(self._chunks(item.size))
+                            if known[i] is None]
+                    if todo:
+                        self.prepare(item.device)  # the pinned ring, only when something crosses the link
+                    futures = []
+                    for i, off, length in todo:
+                        slot, next_slot = next_slot, (next_slot + 1) % self.ring_slots
+                        _raise_failed(slot_futures)  # a failed put stops the save at once
+                        if slot_futures[slot] is not None:
+                            concurrent.futures.wait([slot_futures[slot]])  # its chunk is stored
+                        drv.check(cu.cuMemcpyDtoHAsync(self._ring[slot].ptr, int(ptr) + off, length, stream),
+                                  f"copy {item.key} to host")
+                        drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
+                        slot_futures[slot] = self.pool.submit(self._store_slot, item.device, events[slot],
+                                                              slot, length)
+                        futures.append((i, slot_futures[slot]))
+                    if todo:  # the copies have read the memory: it may close while the puts go on
+                        drv.check(cu.cuStreamSynchronize(stream), f"finish copying {item.key}")
+                saves.append((item, gpu_ids, list(known), futures, unchanged, t0))
+            return [self._finish_save(*save) for save in saves]
         except BaseException:
-            _settle(futures)
+            _settle([f for save in saves for _, f in save[3]] + [f for f in slot_futures if f])
             raise
-        for (i, off, length) in todo:
+
+    def _store_slot(self, device, event, slot, length):
+        use_device(device)
+        drv.check(drv.driver().cuEventSynchronize(event), "wait for a device-to-host copy")
+        result = self.store.put(self._ring[slot].view[:length])
+        self.progress(length)
+        return result
+
+    def _finish_save(self, item, gpu_ids, results, futures, unchanged, t0):
+        chunks = self._chunks(item.size)
+        for i, f in futures:
+            results[i] = f.result()
             if gpu_ids[i] is not None:
-                _check_same_id(key, off, gpu_ids[i], results[i])
-        stats = CopyStats(copied=size - unchanged, unchanged=unchanged, seconds=time.monotonic() - t0)
+                _check_same_id(item.key, chunks[i][0], gpu_ids[i], results[i])
+        stats = CopyStats(copied=item.size - unchanged, unchanged=unchanged, seconds=time.monotonic() - t0)
         for r in results:
             if r.status is PutStatus.NEW:
                 stats.written += r.length
@@ -205,7 +226,7 @@ class CopyEngine:
                 stats.deduplicated += r.length
             else:
                 stats.zero += r.length
-        return Allocation.from_puts(key, results, meta), stats
+        return Allocation.from_puts(item.key, results, item.meta), stats
 
     def _gpu_checkable(self, allocation, ptr, device):
         """Whether the loaded bytes can be checked on the GPU: a usable hasher, and chunks cut as
@@ -237,71 +258,115 @@ class CopyEngine:
             off += chunk.length
 
     def load(self, allocation, ptr, device):
-        """Copy a manifest Allocation's bytes from the store to device pointer `ptr`; CopyStats.
+        """Copy a manifest Allocation's bytes from the store to device pointer `ptr`; CopyStats."""
+        return self.load_all([LoadItem(allocation, device, lambda: contextlib.nullcontext(ptr))])[0]
 
-        With verify_loads every chunk is checked against its name: on the GPU after the copy when
-        it can (the whole allocation hashed at TB/s, so the check costs the load nothing), else
-        on the host as each chunk is read."""
+    def load_all(self, items):
+        """Load many allocations through one pipeline: [CopyStats] in order.
+
+        The store is read ahead across items, a ring's worth of chunks at most, so reading the
+        next items' chunks overlaps copying this one's; each item's memory is open (item.open())
+        until its host-to-device copies are done and, with verify_loads, checked. With
+        verify_loads every chunk is checked against its name: on the GPU after the copy when it
+        can (the whole allocation hashed at TB/s, so the check costs the load nothing), else on
+        the host as each chunk is read."""
         cu = drv.driver()
-        stream, events = self.prepare(device)
-        on_gpu = self._gpu_checkable(allocation, ptr, device)
-        t0 = time.monotonic()
-        chunks = allocation.chunks
-        offsets, off = [], 0
-        for c in chunks:
-            offsets.append(off)
-            off += c.length
-        if off != allocation.size:
-            raise ValueError(f"allocation {allocation.key}: chunks add up to {off}, not {allocation.size}")
+        items = list(items)
+        for item in items:
+            self.prepare(item.device)
+            total = sum(c.length for c in item.allocation.chunks)
+            if total != item.allocation.size:
+                raise ValueError(f"allocation {item.allocation.key}: chunks add up to {total}, "
+                                 f"not {item.allocation.size}")
+        # Imported and re-created memory is mapped at the granularity, so every pointer suits the
+        # GPU check; one that does not is caught when open and its chunks checked on the host.
+        on_gpu = [self._gpu_checkable(item.allocation, 0, item.device) for item in items]
+        order = [(k, i) for k, item in enumerate(items)
+                 for i, c in enumerate(item.allocation.chunks) if not c.is_zero]
+        reads = {}  # (item, chunk) -> (slot, future) for reads started and not yet copied
+        slot_copy = [None] * self.ring_slots  # the event of the copy last started from the slot
+        state = {"next": 0, "copied": 0}
 
-        def read_slot(slot, chunk):
-            self.store.get(chunk.id, self._ring[slot].view[:chunk.length],
-                           verify=self.verify_loads and not on_gpu)
+        def read(slot, chunk, verify):
+            self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=verify)
 
-        reads = {}
-        stored = [i for i, c in enumerate(chunks) if not c.is_zero]
-        slot_of = {i: n % self.ring_slots for n, i in enumerate(stored)}
-        slot_busy = [False] * self.ring_slots  # an H2D copy from the slot may still be running
+        def read_ahead():
+            # Read n uses slot n % ring_slots, free once read n - ring_slots was copied.
+            while state["next"] < len(order) and state["next"] - state["copied"] < self.ring_slots:
+                n = state["next"]
+                k, i = order[n]
+                slot = n % self.ring_slots
+                if slot_copy[slot] is not None:
+                    drv.check(cu.cuEventSynchronize(slot_copy[slot]), "wait for a host-to-device copy")
+                    slot_copy[slot] = None
+                chunk = items[k].allocation.chunks[i]
+                reads[(k, i)] = (slot, self.pool.submit(read, slot, chunk, self.verify_loads and not on_gpu[k]))
+                state["next"] += 1
 
-        def start_read(n):
-            if n < len(stored):
-                i = stored[n]
-                slot = slot_of[i]
-                if slot_busy[slot]:
-                    drv.check(cu.cuEventSynchronize(events[slot]), "wait for a host-to-device copy")
-                    slot_busy[slot] = False
-                reads[i] = self.pool.submit(read_slot, slot, chunks[i])
-
+        results = []
         try:
-            for n in range(min(self.ring_slots, len(stored))):
-                start_read(n)
-            next_read = min(self.ring_slots, len(stored))
-            stats = CopyStats(copied=allocation.size)
-            for i, chunk in enumerate(chunks):
-                dst = int(ptr) + offsets[i]
-                if chunk.is_zero:
-                    drv.check(cu.cuMemsetD8Async(dst, 0, chunk.length, stream), "zero a chunk")
-                    stats.zero += chunk.length
-                    continue
-                reads.pop(i).result()
-                slot = slot_of[i]
-                drv.check(cu.cuMemcpyHtoDAsync(dst, self._ring[slot].ptr, chunk.length, stream),
-                          f"copy {allocation.key} to the GPU")
-                drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
-                slot_busy[slot] = True
-                self.progress(chunk.length)
-                start_read(next_read)
-                next_read += 1
-            drv.check(cu.cuStreamSynchronize(stream), f"finish loading {allocation.key}")
-            if on_gpu:
-                self._check_on_gpu(allocation, ptr, device, stream)
+            for k, item in enumerate(items):
+                stream, events = self.prepare(item.device)
+                t0 = time.monotonic()
+                stats = CopyStats(copied=item.allocation.size)
+                with item.open() as ptr:
+                    host_check = on_gpu[k] and not self._gpu_checkable(item.allocation, ptr, item.device)
+                    off = 0
+                    for i, chunk in enumerate(item.allocation.chunks):
+                        dst, off = int(ptr) + off, off + chunk.length
+                        if chunk.is_zero:
+                            drv.check(cu.cuMemsetD8Async(dst, 0, chunk.length, stream), "zero a chunk")
+                            stats.zero += chunk.length
+                            continue
+                        read_ahead()
+                        slot, future = reads.pop((k, i))
+                        future.result()
+                        if host_check:  # read unchecked for the GPU check this pointer cannot have
+                            self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=True)
+                        drv.check(cu.cuMemcpyHtoDAsync(dst, self._ring[slot].ptr, chunk.length, stream),
+                                  f"copy {item.allocation.key} to the GPU")
+                        drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
+                        slot_copy[slot] = events[slot]
+                        state["copied"] += 1
+                        self.progress(chunk.length)
+                    read_ahead()  # the next items' reads run while this copy ends
+                    drv.check(cu.cuStreamSynchronize(stream), f"finish loading {item.allocation.key}")
+                    if on_gpu[k] and not host_check:
+                        self._check_on_gpu(item.allocation, ptr, item.device, stream)
+                stats.seconds = time.monotonic() - t0
+                results.append(stats)
+            return results
         except BaseException:
-            _settle(reads.values())
-            cu.cuStreamSynchronize(stream)
+            _settle([f for _, f in reads.values()])
+            for stream in self._streams.values():
+                cu.cuStreamSynchronize(stream)
             raise
-        stats.seconds = time.monotonic() - t0
-        return stats
 
+
+@dataclasses.dataclass
+class SaveItem:
+    """One allocation for save_all: open() is a context manager giving its device pointer."""
+    key: str
+    size: int
+    device: int
+    open: object
+    meta: dict = None
+
+
+@dataclasses.dataclass
+class LoadItem:
+    """One manifest Allocation for load_all: open() is a context manager giving the pointer
+    to load it to."""
+    allocation: object
+    device: int
+    open: object
+
+
+def _raise_failed(futures):
+    """The first exception of a finished future, raised now rather than after the whole save."""
+    for f in futures:
+        if f is not None and f.done() and not f.cancelled() and f.exception() is not None:
+            raise f.exception()
 
 
 def _claim_present(chunk_dir, cid, length):

@@ -1,11 +1,15 @@
 """Run by test_copy_engine.py in a process that loads the CUDA driver (fake or real).
 
-    copy_roundtrip.py STORE MIB [--ring N --chunk-mib M]
+    copy_roundtrip.py STORE MIB [--ring N --chunk-mib M] [--pieces K]
 
 Allocates MIB MiB of exportable cuMem memory, fills it with a pattern that has an all-zero part and
 a repeated part, exports it as a POSIX fd, imports that fd as the tool would (ImportedAllocation),
 saves it with the CopyEngine, clears the memory, loads it back, and compares. Prints one JSON line.
+With --pieces K the memory is K allocations of equal size (the last takes the rest), saved with
+one save_all and loaded with one load_all; each piece is open only while the engine works on it
+("overlaps" counts pieces opened while another was open).
 """
+import contextlib
 import argparse
 import ctypes
 import json
@@ -36,6 +40,7 @@ def main():
     ap.add_argument("mib", type=int)
     ap.add_argument("--ring", type=int, default=4)
     ap.add_argument("--chunk-mib", type=int, default=1)
+    ap.add_argument("--pieces", type=int, default=0)
     args = ap.parse_args()
     cu = drv.driver()
     use_device(0)
@@ -50,6 +55,8 @@ def main():
         drv.check(cu.cuMemcpyHtoD(int(mem.ptr) + 2 * q, words, len(words) * 4), "fill")
         before = (ctypes.c_char * size)()
         drv.check(cu.cuMemcpyDtoH(before, mem.ptr, size), "read back")
+        if args.pieces:
+            return pieces(args, store, mem, size, chunk, bytes(before))
         with CopyEngine(store, ring_slots=args.ring, chunk_size=chunk, workers=3) as engine:
             alloc, saved = engine.save("alloc0", mem.ptr, size, 0)
             _, again = engine.save("alloc0", mem.ptr, size, 0)
@@ -63,6 +70,34 @@ def main():
                          "dedup": saved.deduplicated, "zero": saved.zero},
                "second": {"written": again.written, "dedup": again.deduplicated, "zero": again.zero},
                "loaded": loaded.copied}, sys.stdout)
+
+
+def pieces(args, store, mem, size, chunk, before):
+    from criu_gpushare.gpu.copy_engine import LoadItem, SaveItem
+    cu = drv.driver()
+    step = size // args.pieces // 4096 * 4096
+    bounds = [(k * step, step if k < args.pieces - 1 else size - k * step) for k in range(args.pieces)]
+    state = {"open": 0, "overlaps": 0, "order": []}
+
+    @contextlib.contextmanager
+    def opened(k):
+        state["overlaps"] += state["open"] > 0
+        state["open"] += 1
+        state["order"].append(k)
+        try:
+            yield int(mem.ptr) + bounds[k][0]
+        finally:
+            state["open"] -= 1
+
+    with CopyEngine(store, ring_slots=args.ring, chunk_size=chunk, workers=3) as engine:
+        saved = engine.save_all([SaveItem(f"p{k}", n, 0, lambda k=k: opened(k)) for k, (_, n) in enumerate(bounds)])
+        drv.check(cu.cuMemsetD8(mem.ptr, 0xEE, size), "clobber")
+        loaded = engine.load_all([LoadItem(a, 0, lambda k=k: opened(k)) for k, (a, _) in enumerate(saved)])
+    after = (ctypes.c_char * size)()
+    drv.check(cu.cuMemcpyDtoH(after, mem.ptr, size), "read back")
+    json.dump({"same": before == bytes(after), "overlaps": state["overlaps"], "order": state["order"],
+               "saved": sum(s.written + s.deduplicated + s.zero for _, s in saved),
+               "loaded": sum(s.copied for s in loaded)}, sys.stdout)
 
 
 if __name__ == "__main__":

@@ -29,3 +29,14 @@ def test_save_then_load_gives_back_the_same_bytes_and_dedups(fake_env, tmp_path)
 def test_a_ring_longer_than_the_allocation_and_a_short_last_chunk(fake_env, tmp_path):
     out = roundtrip(fake_env, tmp_path / "store", 6, "--ring", "8", "--chunk-mib", "4")
     assert out["same"] and out["chunks"] == 2
+
+
+def test_many_allocations_share_one_pipeline_each_open_only_while_it_is_copied(fake_env, tmp_path):
+    """save_all / load_all: 37 pieces of 1-3 chunks through a ring of 2 slots (so slots are reused
+    across pieces and the reads run ahead into the next pieces), each piece's memory opened once
+    per pass, one at a time, in order."""
+    out = roundtrip(fake_env, tmp_path / "store", 64, "--ring", "2", "--chunk-mib", "1", "--pieces", "37")
+    assert out["same"]
+    assert out["overlaps"] == 0
+    assert out["order"] == list(range(37)) * 2
+    assert out["saved"] == out["loaded"] == 64 << 20
