@@ -41,23 +41,37 @@ void gs_backing_record(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle
     gs_merge_access(m, access, (size_t)n_access);
 }
 
+void gs_backing_prop(CUmemAllocationProp *prop, int dev)
+{
+    memset(prop, 0, sizeof(*prop));
+    prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    prop->location.id = dev;
+    prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+}
+
+size_t gs_backing_rounded(size_t bytesize, int dev)
+{
+    CUmemAllocationProp prop;
+    gs_backing_prop(&prop, dev);
+    size_t gran = 0;
+    if (CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
+           cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
+            CUDA_SUCCESS || !gran)
+        return 0;
+    return (bytesize + gran - 1) / gran * gran;
+}
+
 CUresult gs_backing_alloc(CUdeviceptr *dptr, size_t bytesize, int dev, int origin,
                           CUmemoryPool pool, const CUmemAccessDesc *access, int n_access)
 {
     CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t gran = 0;
-    CUresult r = CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
-                    cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
-    if (r != CUDA_SUCCESS || !gran)
-        return r != CUDA_SUCCESS ? r : CUDA_ERROR_INVALID_VALUE;
-    size_t size = (bytesize + gran - 1) / gran * gran;
+    gs_backing_prop(&prop, dev);
+    size_t size = gs_backing_rounded(bytesize, dev);
+    if (!size)
+        return CUDA_ERROR_INVALID_VALUE;
     CUmemGenericAllocationHandle h;
-    r = REAL(cuMemCreate)(&h, size, &prop, 0);
+    CUresult r = REAL(cuMemCreate)(&h, size, &prop, 0);
     if (r != CUDA_SUCCESS)
         return r;
     CUdeviceptr va = 0;

@@ -13,6 +13,13 @@
  * 0 turns backing off). */
 size_t gs_backing_min(void);
 
+/* The properties of the backing's memory (and of memory re-created without its own): pinned on
+ * dev, exportable as a POSIX fd. */
+void gs_backing_prop(CUmemAllocationProp *prop, int dev);
+
+/* bytesize rounded up to the backing's granularity on dev; 0 when the driver cannot say. */
+size_t gs_backing_rounded(size_t bytesize, int dev);
+
 /* New memory of at least bytesize on dev: created, VA reserved, mapped with access, and recorded
  * as an allocation of origin (GS_ORIGIN_MALLOC or GS_ORIGIN_ASYNC, with its pool). Everything is
  * undone on failure. Call without the state lock. */

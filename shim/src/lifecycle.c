@@ -28,6 +28,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backing.h"
 #include "devices.h"
 #include "lifecycle.h"
 #include "resolve.h"
@@ -113,15 +114,6 @@ static CUresult create_fresh(size_t size, const CUmemAllocationProp *prop,
     return r;
 }
 
-static void default_prop(CUmemAllocationProp *p, int dev)
-{
-    memset(p, 0, sizeof(*p));
-    p->type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    p->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p->location.id = dev;
-    p->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-}
-
 /* ---- release ----------------------------------------------------------------------------------- */
 
 /* The allocation's properties, kept for recreate (read before its handle goes). */
@@ -144,7 +136,7 @@ static void remember_prop(struct gs_alloc *a)
     if (retained)
         REAL(cuMemRelease)(h);
     if (!a->have_prop) {
-        default_prop(&a->prop, a->dev);
+        gs_backing_prop(&a->prop, a->dev);
         a->prop.requestedHandleTypes = (CUmemAllocationHandleType)a->handle_types;
         a->have_prop = 1;
     }
@@ -389,7 +381,7 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
 {
     CUmemAllocationProp prop = a->prop;
     if (!a->have_prop) {
-        default_prop(&prop, a->dev);
+        gs_backing_prop(&prop, a->dev);
         prop.requestedHandleTypes |= (CUmemAllocationHandleType)a->handle_types;
     }
     int pushed = gs_push_ctx(a->dev);
@@ -483,7 +475,7 @@ int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf
     if (dev < 0)
         dev = gs_import_device(id);
     CUmemAllocationProp prop;
-    default_prop(&prop, dev);
+    gs_backing_prop(&prop, dev);
     int pushed = gs_push_ctx(dev);
     CUmemGenericAllocationHandle nh;
     CUresult r = create_fresh(im->size, &prop, im->h, &nh);

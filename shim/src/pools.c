@@ -153,31 +153,31 @@ static size_t take_for_release(CUmemoryPool pool, size_t keep, int every, struct
     return n;
 }
 
-static void release_blocks(struct block *b, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        if (b[i].done)
-            CU(CUresult(*)(CUevent), cuEventDestroy_v2, b[i].done);
-        gs_backing_destroy(b[i].va, b[i].size, b[i].h);
-    }
-}
-
 #define RELEASE_BATCH 64
 
-/* Releases the completed cached blocks of pool (NULL: every pool) beyond keep bytes. */
-static void release_completed_of(CUmemoryPool pool, size_t keep)
+/* Releases cached blocks as take_for_release picks them, each once the work before its free is
+ * done (instant for the completed ones). */
+static void release_cached(CUmemoryPool pool, size_t keep, int every)
 {
     struct block out[RELEASE_BATCH];
     size_t n;
     do {
         pthread_mutex_lock(&pools_mu);
-        n = take_for_release(pool, keep, 0, out, RELEASE_BATCH);
+        n = take_for_release(pool, keep, every, out, RELEASE_BATCH);
         pthread_mutex_unlock(&pools_mu);
-        release_blocks(out, n);
+        for (size_t i = 0; i < n; i++) {
+            if (out[i].done) {
+                CU(CUresult(*)(CUevent), cuEventSynchronize, out[i].done);
+                CU(CUresult(*)(CUevent), cuEventDestroy_v2, out[i].done);
+            }
+            gs_backing_destroy(out[i].va, out[i].size, out[i].h);
+        }
     } while (n == RELEASE_BATCH);
 }
 
-static void release_completed(void) { release_completed_of(NULL, 0); }
+/* The completed cached blocks of pool (NULL: every pool) beyond keep bytes. */
+static void release_completed_of(CUmemoryPool pool, size_t keep) { release_cached(pool, keep, 0); }
+static void release_completed(void) { release_cached(NULL, 0, 0); }
 
 /* Releases the completed blocks of pool beyond its release threshold. */
 static void trim_to_threshold(CUmemoryPool pool)
@@ -204,22 +204,6 @@ static int take_cached(CUmemoryPool pool, size_t size, CUstream s, int per_threa
     return 0;
 }
 
-static size_t rounded(size_t bytesize, int dev)
-{
-    CUmemAllocationProp prop;
-    memset(&prop, 0, sizeof(prop));
-    prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-    prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    prop.location.id = dev;
-    prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    size_t gran = 0;
-    if (CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
-           cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
-            CUDA_SUCCESS || !gran)
-        return 0;
-    return (bytesize + gran - 1) / gran * gran;
-}
-
 /* A backed allocation from pool (NULL: the current pool of the stream's device); 1 when the
  * driver must serve it instead. */
 static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s,
@@ -231,7 +215,7 @@ static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, C
         return 1;
     if (!pool && CU(CUresult(*)(CUmemoryPool *, CUdevice), cuDeviceGetMemPool, &pool, dev) != CUDA_SUCCESS)
         return 1;
-    size_t size = rounded(bytesize, dev);
+    size_t size = gs_backing_rounded(bytesize, dev);
     if (!size)
         return 1;
     pthread_mutex_lock(&pools_mu);
@@ -403,22 +387,6 @@ CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
     return r;
 }
 
-/* The pool's cached blocks go first: the driver frees its own memory of it, not the shim's. */
-static void release_pool_cache(CUmemoryPool pool)
-{
-    struct block out[RELEASE_BATCH];
-    size_t n;
-    do {
-        pthread_mutex_lock(&pools_mu);
-        n = take_for_release(pool, 0, 1, out, RELEASE_BATCH);
-        pthread_mutex_unlock(&pools_mu);
-        for (size_t i = 0; i < n; i++)
-            if (out[i].done)
-                CU(CUresult(*)(CUevent), cuEventSynchronize, out[i].done);
-        release_blocks(out, n);
-    } while (n == RELEASE_BATCH);
-}
-
 CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 {
     __typeof__(&cuMemPoolDestroy) real = REAL(cuMemPoolDestroy);
@@ -427,7 +395,7 @@ CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
     if (gs_depth)
         return real(pool);
     gs_depth++;
-    release_pool_cache(pool);
+    release_cached(pool, 0, 1); /* the driver frees its own memory of the pool, not the shim's */
     CUresult r = real(pool);
     if (r == CUDA_SUCCESS) {
         pthread_mutex_lock(&pools_mu);
@@ -517,16 +485,9 @@ CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *ha
 
 void gs_pools_trim(void)
 {
-    struct block out[RELEASE_BATCH];
-    size_t n;
-    do {
-        pthread_mutex_lock(&pools_mu);
-        n = take_for_release(NULL, 0, 1, out, RELEASE_BATCH);
-        pthread_mutex_unlock(&pools_mu);
-        int pushed = gs_push_ctx(0); /* a control thread has no context of its own */
-        release_blocks(out, n);
-        gs_pop_ctx(pushed);
-    } while (n == RELEASE_BATCH);
+    int pushed = gs_push_ctx(0); /* a control thread has no context of its own */
+    release_cached(NULL, 0, 1);
+    gs_pop_ctx(pushed);
 }
 
 void gs_pools_reset_after_fork(void)
