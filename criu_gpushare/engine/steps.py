@@ -313,22 +313,22 @@ class Group:
 
     # -- resume and rollback -------------------------------------------------------------------
 
-    def _refreeze(self):
+    def _refreeze(self, checkpointed):
         """Threads that run while their GPU state is checkpointed (a CRIU-restored tree, a tree
         CRIU left running, a group whose holder died) are frozen again before the driver restore,
         as in place; thaw follows the unlock."""
-        for pid in self.pids_with_cuda():
-            if not self.freezer.frozen_threads(pid) and ck.state(pid) is ck.State.CHECKPOINTED:
+        for pid in checkpointed:
+            if not self.freezer.frozen_threads(pid):
                 self.freezer.freeze(pid, {ck.restore_thread_id(pid)})
 
     def _restore(self):
+        todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
         if "freeze" in self.done:
-            self._refreeze()
+            self._refreeze(todo)
         pairs = []
         if self.gpus:
             from ..gpu.driver import gpus
             pairs = ck.gpu_map(self.gpus, [u for _, _, u in gpus()], self.options.gpu_map)
-        todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
         with ck.DriverLock():  # two processes calling at once hang the driver
             ck.raise_first(ck.restore_all(todo, pairs))
 
