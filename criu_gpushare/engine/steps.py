@@ -35,7 +35,7 @@ import functools
 import os
 import time
 
-from ..errors import BusyError, Error, ShimError
+from ..errors import BusyError, Error
 from ..gpu import checkpoint_api as ck
 from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
 from ..gpu.devices import DeviceMap, workload_devices_map
@@ -44,6 +44,7 @@ from ..shimctl import client as control
 from ..store.manifest import Manifest, ProcessEntry
 from ..store.store import Store
 from . import plan
+from .exports import Exports, export_one
 from .faults import fault_point
 from .freezer import Freezer
 
@@ -215,19 +216,10 @@ class Group:
         devices = workload_devices_map(member.devices or {}, self.options.gpu_map) if member else ""
         return {"devices": devices} if devices else {}
 
-    def _export_fd(self, unit):
-        cmd = "export" if unit.kind == "allocation" else "export-import"
-        reply, fds = control.request(unit.owner, cmd, id=unit.id, timeout=60)
-        if len(fds) != 1:
-            for fd in fds:
-                os.close(fd)
-            raise ShimError(f"process {unit.owner}: {cmd} {unit.id} sent {len(fds)} fds, not 1")
-        return fds[0]
-
     @contextlib.contextmanager
-    def _mapped(self, unit):
+    def _mapped(self, unit, exports):
         """unit's memory mapped in this process (its owner's shim exports an fd): the pointer."""
-        fd = self._export_fd(unit)
+        fd = exports.take(unit)
         try:
             with ImportedAllocation(fd, unit.size, self._tool_device(unit)) as mem:
                 yield mem.ptr
@@ -235,16 +227,20 @@ class Group:
             os.close(fd)
 
     @contextlib.contextmanager
-    def _mapped_for_save(self, unit):
-        with self._mapped(unit) as ptr:
+    def _mapped_for_save(self, unit, exports):
+        with self._mapped(unit, exports) as ptr:
             yield ptr
         fault_point("copy")  # between two units: part of the memory is in the store
 
     def _save(self):
-        with Store.open(self.options.store, create=True) as store, store.begin_write(self.options.ref) as session:
+        with contextlib.ExitStack() as stack:
+            store = stack.enter_context(Store.open(self.options.store, create=True))
+            session = stack.enter_context(store.begin_write(self.options.ref))
             processes = {}
             total = sum(u.size for u in self.units)
-            items = [SaveItem(u.key, u.size, self._tool_device(u), functools.partial(self._mapped_for_save, u),
+            exports = stack.enter_context(Exports(self.units))
+            items = [SaveItem(u.key, u.size, self._tool_device(u),
+                              functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
                      for u in self.units]
             with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total) as engine:
@@ -375,16 +371,17 @@ class Group:
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
             allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
             total = sum(u.size for u in self.units)
-            items = [LoadItem(allocs[u.key], self._tool_device(u), functools.partial(self._mapped, u))
-                     for u in self.units]
-            with CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
-                            progress=self._progress(total, "loaded")) as engine:
+            with Exports(self.units) as exports, \
+                    CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
+                               progress=self._progress(total, "loaded")) as engine:
+                items = [LoadItem(allocs[u.key], self._tool_device(u), functools.partial(self._mapped, u, exports))
+                         for u in self.units]
                 for stats in engine.load_all(items):
                     self.stats.add(stats)
 
     def _attach(self):
         for a in self.attachments:
-            fd = self._export_fd(a.unit)
+            fd = export_one(a.unit)
             try:
                 control.request(a.importer, "attach", fds=(fd,), id=a.import_id, timeout=600)
             finally:

@@ -31,6 +31,7 @@ PROTOCOL = 2  # CRIU_GPUSHARE_PROTOCOL in shim/include/criu_gpushare_shim.h
 SOCKET_PREFIX = "criu-gpushare."
 MAX_RECORD = 65536
 MAX_REPLY = 64 << 20
+MAX_FDS = 32  # fds one reply may carry (the shim's GS_REPLY_MAX_FDS: an export of "ids")
 DEFAULT_TIMEOUT = 10.0
 CLONE_NEWNET = 0x40000000
 
@@ -109,7 +110,7 @@ def _recv_all(sock: socket.socket, pid: int) -> tuple[bytes, list[int]]:
     chunks, fds, total = [], [], 0
     fd_size = array.array("i").itemsize
     while True:
-        data, anc, flags, _ = sock.recvmsg(MAX_RECORD, socket.CMSG_SPACE(4 * fd_size))
+        data, anc, flags, _ = sock.recvmsg(MAX_RECORD, socket.CMSG_SPACE(MAX_FDS * fd_size))
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 got = array.array("i")
@@ -118,6 +119,9 @@ def _recv_all(sock: socket.socket, pid: int) -> tuple[bytes, list[int]]:
         if flags & socket.MSG_TRUNC:
             _close_all(fds)
             raise ShimError(f"process {pid}: reply record larger than {MAX_RECORD} bytes")
+        if flags & socket.MSG_CTRUNC:
+            _close_all(fds)
+            raise ShimError(f"process {pid}: reply with more than {MAX_FDS} fds")
         if not data:
             return b"".join(chunks), fds
         chunks.append(data)

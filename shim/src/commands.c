@@ -9,6 +9,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -27,7 +28,16 @@
 void gs_reply_init(struct gs_reply *r)
 {
     memset(r, 0, sizeof(*r));
-    r->fd = -1;
+}
+
+int gs_reply_add_fd(struct gs_reply *r, int fd)
+{
+    if (r->nfds == GS_REPLY_MAX_FDS) {
+        close(fd);
+        return -1;
+    }
+    r->fds[r->nfds++] = fd;
+    return 0;
 }
 
 void gs_reply_fail(struct gs_reply *r, const char *code, const char *fmt, ...)
@@ -62,9 +72,9 @@ void gs_reply_text(const struct gs_reply *r, struct gs_buf *out)
 
 void gs_reply_free(struct gs_reply *r)
 {
-    if (r->fd >= 0)
-        close(r->fd);
-    r->fd = -1;
+    for (int i = 0; i < r->nfds; i++)
+        close(r->fds[i]);
+    r->nfds = 0;
     gs_buf_free(&r->body);
 }
 
@@ -148,9 +158,47 @@ static int memory_result(struct call *c, int r)
     return r;
 }
 
+/* "ids": "3,7,12": the ids of an `export` of many allocations at once (up to GS_REPLY_MAX_FDS). */
+static int parse_ids(const char *s, uint64_t *ids, int max, int *n)
+{
+    *n = 0;
+    while (*s) {
+        char *end;
+        unsigned long long v = strtoull(s, &end, 10);
+        if (end == s || v == 0 || *n == max || (*end && *end != ','))
+            return -1;
+        ids[(*n)++] = v;
+        s = *end ? end + 1 : end;
+    }
+    return *n ? 0 : -1;
+}
+
+/* One allocation ("id") or many ("ids", one round trip for a copy of many small ones): the fds
+ * in the order named. A failure sends none. */
 static void cmd_export(struct call *c)
 {
-    memory_result(c, gs_export_id(c->id, &c->out->fd, c->err, sizeof(c->err)));
+    const struct gs_json_field *id = gs_json_get(c->req, "id", 'i');
+    const struct gs_json_field *list = gs_json_get(c->req, "ids", 's');
+    uint64_t ids[GS_REPLY_MAX_FDS];
+    int n = 1;
+    if (id && id->num > 0 && !list) {
+        ids[0] = (uint64_t)id->num;
+    } else if (!id && list && parse_ids(list->str, ids, GS_REPLY_MAX_FDS, &n) == 0) {
+    } else {
+        gs_reply_fail(c->out, "bad-request", "export needs \"id\" (a positive integer) or \"ids\" "
+                      "(up to %d of them, comma-separated)", GS_REPLY_MAX_FDS);
+        return;
+    }
+    for (int i = 0; i < n; i++) {
+        int fd = -1;
+        if (memory_result(c, gs_export_id(ids[i], &fd, c->err, sizeof(c->err)))) {
+            for (int k = 0; k < c->out->nfds; k++)
+                close(c->out->fds[k]);
+            c->out->nfds = 0;
+            return;
+        }
+        gs_reply_add_fd(c->out, fd);
+    }
 }
 
 static void cmd_ipcget(struct call *c)
@@ -168,11 +216,12 @@ static void cmd_ipcget(struct call *c)
 }
 
 /* The suspend/resume operations (lifecycle.c) and what their results mean on the wire. */
-static void lifecycle_result(struct call *c, int rc)
+static int lifecycle_result(struct call *c, int rc)
 {
     if (rc)
         gs_reply_fail(c->out, rc == GS_LC_GONE ? "gone" : rc == GS_LC_REFUSED ? "refused" : "failed",
                       "%s", c->err);
+    return rc;
 }
 
 static void cmd_release(struct call *c)
@@ -240,7 +289,9 @@ static void cmd_attach(struct call *c)
 
 static void cmd_export_import(struct call *c)
 {
-    lifecycle_result(c, gs_lc_export_import(c->id, &c->out->fd, c->err, sizeof(c->err)));
+    int fd = -1;
+    if (!lifecycle_result(c, gs_lc_export_import(c->id, &fd, c->err, sizeof(c->err))))
+        gs_reply_add_fd(c->out, fd);
 }
 
 /* ---- the table ----------------------------------------------------------------------------------- */
@@ -257,7 +308,7 @@ static const struct command {
     {"quiesce", 0, 0, 0, 0, cmd_quiesce},
     {"resume", 0, 0, 0, 0, cmd_resume},
     {"whose", 1, 0, 0, 0, cmd_whose},
-    {"export", 0, 1, 0, 0, cmd_export},
+    {"export", 0, 0, 0, 0, cmd_export}, /* checks "id" or "ids" itself */
     {"ipcget", 0, 0, 0, 0, cmd_ipcget},
     {"release", 0, 0, 1, 1, cmd_release},
     {"void-exports", 0, 0, 1, 1, cmd_void_exports},

@@ -50,7 +50,7 @@ int gs_peer_request(pid_t pid, const char *req, int fd_in, char *reply, size_t r
     if (sock < 0)
         return -1;
     gs_set_timeouts(sock, timeout_ms, timeout_ms);
-    if (gs_send_text(sock, req, strlen(req), fd_in, 0)) {
+    if (gs_send_text(sock, req, strlen(req), &fd_in, fd_in >= 0, 0)) {
         close(sock);
         return -1;
     }

@@ -39,6 +39,8 @@
 #define GS_REPLY_TIMEOUT_MS 5000
 #define GS_REFUSE_DRAIN 16 /* records read from a refused client, at most */
 
+_Static_assert(GS_REPLY_MAX_FDS <= GS_MAX_SEND_FDS, "a reply's fds must fit one record");
+
 static pthread_mutex_t ctl_mu = PTHREAD_MUTEX_INITIALIZER;
 static pid_t server_pid; /* pid the running server was started for */
 static int listen_fd = -1;
@@ -50,7 +52,7 @@ static void send_reply(int sock, struct gs_reply *r, int flags)
     struct gs_buf text = {0};
     gs_reply_text(r, &text);
     if (!text.oom)
-        gs_send_text(sock, text.p, text.n, r->error ? -1 : r->fd, flags);
+        gs_send_text(sock, text.p, text.n, r->fds, r->error ? 0 : r->nfds, flags);
     gs_buf_free(&text);
 }
 

@@ -23,26 +23,28 @@ void gs_set_timeouts(int fd, int rcv_ms, int snd_ms)
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &st, sizeof(st));
 }
 
-int gs_send_text(int sock, const char *text, size_t len, int fd, int flags)
+int gs_send_text(int sock, const char *text, size_t len, const int *fds, int nfds, int flags)
 {
+    if (nfds < 0 || nfds > GS_MAX_SEND_FDS)
+        return -1;
     size_t off = 0;
     do {
         size_t n = len - off < GS_MAX_RECORD ? len - off : GS_MAX_RECORD;
         struct iovec iov = {(void *)(text + off), n};
         struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
         union {
-            char buf[CMSG_SPACE(sizeof(int))];
+            char buf[CMSG_SPACE(sizeof(int) * GS_MAX_SEND_FDS)];
             struct cmsghdr align;
         } c;
-        if (off == 0 && fd >= 0) {
+        if (off == 0 && nfds > 0) {
             memset(&c, 0, sizeof(c));
             mh.msg_control = c.buf;
-            mh.msg_controllen = sizeof(c.buf);
+            mh.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)nfds);
             struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
             cm->cmsg_level = SOL_SOCKET;
             cm->cmsg_type = SCM_RIGHTS;
-            cm->cmsg_len = CMSG_LEN(sizeof(int));
-            memcpy(CMSG_DATA(cm), &fd, sizeof(int));
+            cm->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)nfds);
+            memcpy(CMSG_DATA(cm), fds, sizeof(int) * (size_t)nfds);
         }
         if (sendmsg(sock, &mh, MSG_NOSIGNAL | flags) < 0)
             return -1;

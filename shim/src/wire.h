@@ -16,9 +16,10 @@
 /* The abstract address "\0criu-gpushare.<pid>"; returns its length (the name, no trailing NULs). */
 socklen_t gs_sock_addr(pid_t pid, struct sockaddr_un *a);
 void gs_set_timeouts(int fd, int rcv_ms, int snd_ms);
-/* Sends text as records of at most GS_MAX_RECORD bytes, fd (if >= 0) on the first; flags go to
- * sendmsg (MSG_NOSIGNAL always). 0, or -1. */
-int gs_send_text(int sock, const char *text, size_t len, int fd, int flags);
+/* Sends text as records of at most GS_MAX_RECORD bytes, the nfds fds (at most GS_MAX_SEND_FDS) on
+ * the first; flags go to sendmsg (MSG_NOSIGNAL always). 0, or -1. */
+#define GS_MAX_SEND_FDS 32
+int gs_send_text(int sock, const char *text, size_t len, const int *fds, int nfds, int flags);
 /* Receives one record; fds that came with it go to fds (beyond GS_MAX_FDS they are closed).
  * Returns the length, 0 at end of stream, -1 on error; *trunc: the record was larger than buf,
  * *ctrunc: more fds came than fit. flags go to recvmsg. */

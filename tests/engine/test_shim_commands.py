@@ -75,3 +75,38 @@ def test_release_recreate_resume_by_hand(lc, workload, tmp_path):
     assert st["state"] == "running" and not st["host_buffers"][0]["dropped"]
     write(a, "buf", 12)
     assert values(b, "buf") == [12] * 4
+
+
+def test_export_of_many_ids_sends_their_fds_in_their_order(lc, workload):
+    a = workload()
+    sizes = [2 << 20, 6 << 20, 4 << 20]
+    for k, size in enumerate(sizes):
+        a.do(f"cumem m{k} {size}")
+    ids = [x["id"] for x in control.status(a.pid)["allocations"]]
+    _, fds = control.request(a.pid, "export", ids=",".join(map(str, ids)))
+    try:
+        assert len(fds) == 3
+        if lc.state:  # the fake's exports are memfds of the allocation's size
+            assert [os.fstat(fd).st_size for fd in fds] == sizes
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("fields", [{"ids": ""}, {"ids": "1,x"}, {"ids": "1,,2"}, {"ids": "0"},
+                                    {"ids": ",".join(["1"] * 33)}, {"id": 1, "ids": "1"}, {}])
+def test_export_refuses_bad_id_lists(workload, fields):
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    with pytest.raises(ShimError, match="export bad-request"):
+        control.request(a.pid, "export", **fields)
+
+
+def test_export_of_many_ids_with_one_unknown_sends_no_fd(workload):
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    known = control.status(a.pid)["allocations"][0]["id"]
+    before = set(os.listdir("/proc/self/fd"))
+    with pytest.raises(ShimError, match="export (failed|gone)"):
+        control.request(a.pid, "export", ids=f"{known},999999")
+    assert set(os.listdir("/proc/self/fd")) <= before
