@@ -1,19 +1,21 @@
 """Run by test_copy_engine.py in a process that loads the CUDA driver (fake or real).
 
-    copy_roundtrip.py STORE MIB [--ring N --chunk-mib M] [--pieces K]
+    copy_roundtrip.py STORE MIB [--ring N --chunk-mib M] [--pieces K [--slow-put S]]
 
 Allocates MIB MiB of exportable cuMem memory, fills it with a pattern that has an all-zero part and
 a repeated part, exports it as a POSIX fd, imports that fd as the tool would (ImportedAllocation),
 saves it with the CopyEngine, clears the memory, loads it back, and compares. Prints one JSON line.
 With --pieces K the memory is K allocations of equal size (the last takes the rest), saved with
 one save_all and loaded with one load_all; each piece is open only while the engine works on it
-("overlaps" counts pieces opened while another was open).
+("overlaps" counts pieces opened while another was open); --slow-put makes every store put take
+S seconds more, and "save_s" says how long save_all took.
 """
 import contextlib
 import argparse
 import ctypes
 import json
 import sys
+import time
 
 from criu_gpushare.gpu import driver as drv
 from criu_gpushare.gpu.copy_engine import CopyEngine
@@ -41,6 +43,7 @@ def main():
     ap.add_argument("--ring", type=int, default=4)
     ap.add_argument("--chunk-mib", type=int, default=1)
     ap.add_argument("--pieces", type=int, default=0)
+    ap.add_argument("--slow-put", type=float, default=0.0)
     args = ap.parse_args()
     cu = drv.driver()
     use_device(0)
@@ -89,13 +92,25 @@ def pieces(args, store, mem, size, chunk, before):
         finally:
             state["open"] -= 1
 
-    with CopyEngine(store, ring_slots=args.ring, chunk_size=chunk, workers=3) as engine:
+    class SlowPuts:  # the store, with a put that takes longer (a slow disk)
+        def put(self, data):
+            time.sleep(args.slow_put)
+            return store.put(data)
+
+        def get(self, *a, **kw):
+            return store.get(*a, **kw)
+
+    with CopyEngine(SlowPuts() if args.slow_put else store, ring_slots=args.ring, chunk_size=chunk,
+                    workers=3) as engine:
+        t0 = time.monotonic()
         saved = engine.save_all([SaveItem(f"p{k}", n, 0, lambda k=k: opened(k)) for k, (_, n) in enumerate(bounds)])
+        save_s = time.monotonic() - t0
         drv.check(cu.cuMemsetD8(mem.ptr, 0xEE, size), "clobber")
         loaded = engine.load_all([LoadItem(a, 0, lambda k=k: opened(k)) for k, (a, _) in enumerate(saved)])
     after = (ctypes.c_char * size)()
     drv.check(cu.cuMemcpyDtoH(after, mem.ptr, size), "read back")
     json.dump({"same": before == bytes(after), "overlaps": state["overlaps"], "order": state["order"],
+               "save_s": save_s,
                "saved": sum(s.written + s.deduplicated + s.zero for _, s in saved),
                "loaded": sum(s.copied for s in loaded)}, sys.stdout)
 

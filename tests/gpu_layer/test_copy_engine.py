@@ -40,3 +40,12 @@ def test_many_allocations_share_one_pipeline_each_open_only_while_it_is_copied(f
     assert out["overlaps"] == 0
     assert out["order"] == list(range(37)) * 2
     assert out["saved"] == out["loaded"] == 64 << 20
+
+
+def test_the_puts_of_one_allocation_overlap_the_copies_of_the_next(fake_env, tmp_path):
+    """12 allocations of one chunk each, every put 0.25 s slower: one after the other that is 3 s;
+    the pipeline keeps 3 workers putting while the next allocations are opened and copied."""
+    out = roundtrip(fake_env, tmp_path / "store", 12, "--ring", "4", "--chunk-mib", "1",
+                    "--pieces", "12", "--slow-put", "0.25")
+    assert out["same"] and out["overlaps"] == 0
+    assert out["save_s"] < 2.0, f"save_all took {out['save_s']:.2f} s: the puts did not overlap"
