@@ -9,7 +9,10 @@
  *   cuMemFreeAsync     a backed block goes to its pool's cache behind an event recorded on the
  *                      stream; an allocation of the same size from that pool takes it back, on the
  *                      same stream at once (stream order makes that safe), on another stream once
- *                      the event completed
+ *                      the event completed. Freed during stream capture, it stays allocated: the
+ *                      graph may use it at any later launch
+ *   capture            the shim's own calls (event queries, cuMemCreate) run in relaxed capture
+ *                      mode, so another thread's global-mode capture is never invalidated by them
  *   the cache          keeps at most the pool's release threshold of completed blocks; cuMemPoolTrimTo
  *                      and cuMemPoolDestroy release them, and so does quiesce (gs_pools_trim), so a
  *                      checkpoint never carries a free block
@@ -253,13 +256,32 @@ static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, C
     return 0;
 }
 
+/* While another thread captures a graph in global mode, event queries and allocations are
+ * "unsafe" calls that would invalidate its capture; the shim's own, which never touch a capturing
+ * stream, run in relaxed mode, as CUDA asks of libraries. Returns the mode to restore. */
+static CUstreamCaptureMode relax_capture(void)
+{
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    if (CU(CUresult(*)(CUstreamCaptureMode *), cuThreadExchangeStreamCaptureMode, &mode) != CUDA_SUCCESS)
+        mode = CU_STREAM_CAPTURE_MODE_RELAXED; /* nothing was exchanged: nothing to restore */
+    return mode;
+}
+
+static void restore_capture(CUstreamCaptureMode mode)
+{
+    if (mode != CU_STREAM_CAPTURE_MODE_RELAXED)
+        CU(CUresult(*)(CUstreamCaptureMode *), cuThreadExchangeStreamCaptureMode, &mode);
+}
+
 /* 1 when the driver must serve the allocation, else 0 with its result. */
 static int alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s,
                        int per_thread, CUresult *result)
 {
     gs_depth++;
     gs_want_server();
+    CUstreamCaptureMode mode = relax_capture();
     int driver = backed_alloc(dptr, bytesize, pool, s, per_thread, result);
+    restore_capture(mode);
     gs_depth--;
     return driver;
 }
@@ -315,8 +337,15 @@ static int backed_free(CUdeviceptr dptr, CUstream s, int per_thread, CUresult *r
     int ours = a && a->origin == GS_ORIGIN_ASYNC;
     gs_unlock();
     pthread_mutex_unlock(&pools_mu);
-    if (!ours || capturing(s, per_thread))
+    if (!ours)
         return 1;
+    if (capturing(s, per_thread)) {
+        /* A free node in a captured graph cannot free the shim's memory, and the graph's work
+         * before it may run at any later launch: the block stays allocated (and is saved like
+         * any other) until the process ends. */
+        *result = CUDA_SUCCESS;
+        return 0;
+    }
     CUevent done = record_on(s, per_thread);
     if (!done) { /* no event: wait for the stream instead, the block is then free at once */
         CUresult r = per_thread ? CU(CUresult(*)(CUstream), cuStreamSynchronize_ptsz, s)
@@ -359,7 +388,9 @@ static int backed_free(CUdeviceptr dptr, CUstream s, int per_thread, CUresult *r
             return real(dptr, s);                                                               \
         gs_depth++;                                                                             \
         CUresult r = CUDA_SUCCESS;                                                              \
+        CUstreamCaptureMode mode = relax_capture();                                             \
         int driver = backed_free(dptr, s, per_thread, &r);                                      \
+        restore_capture(mode);                                                                  \
         gs_depth--;                                                                             \
         return driver ? real(dptr, s) : r;                                                      \
     }
