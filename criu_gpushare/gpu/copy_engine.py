@@ -25,7 +25,7 @@ import time
 
 from . import driver as drv
 from .fingerprint import GpuHasher
-from .memory import PinnedBuffer, use_device
+from .memory import keep_pinned, take_pinned, use_device
 from ..errors import DriverError
 from ..store.layout import zero_chunk_id
 from ..store.manifest import Allocation
@@ -64,7 +64,8 @@ class CopyStats:
 
 
 class CopyEngine:
-    """One per tool run: owns the pinned ring (slow to allocate) and the worker threads."""
+    """One per save or load: the worker threads, and the pinned ring (slow to allocate: taken from
+    and given back to what earlier engines of this process kept, memory.take_pinned)."""
 
     def __init__(self, store, ring_slots=16, chunk_size=CHUNK_SIZE, workers=None, verify_loads=False,
                  progress=None, gpu_hash=True, total_bytes=None):
@@ -91,8 +92,8 @@ class CopyEngine:
         for hasher in self._hashers.values():
             if hasher is not None:
                 hasher.close()
-        for buf in self._ring or []:
-            buf.free()
+        keep_pinned(self._ring or [])  # for the next engine of this process (memory.take_pinned)
+        self._ring = None
         for stream in self._streams.values():
             cu.cuStreamDestroy(stream)
         for events in self._events.values():
@@ -111,7 +112,7 @@ class CopyEngine:
         cu = drv.driver()
         use_device(device)
         if ring and self._ring is None:
-            self._ring = [PinnedBuffer(self.chunk_size) for _ in range(self.ring_slots)]
+            self._ring = take_pinned(self.chunk_size, self.ring_slots)
         if device not in self._streams:
             flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
             self._streams[device] = drv.check(cu.cuStreamCreate(flags), "create a copy stream")

@@ -65,6 +65,10 @@ def main():
             _, again = engine.save("alloc0", mem.ptr, size, 0)
             drv.check(cu.cuMemsetD8(mem.ptr, 0xEE, size), "clobber")
             loaded = engine.load(alloc, mem.ptr, 0)
+            ring = sorted(int(b.ptr) for b in engine._ring)
+        with CopyEngine(store, ring_slots=args.ring, chunk_size=chunk, workers=3) as later:
+            later.prepare(0)  # a later engine of this process pins nothing anew
+            reused = sorted(int(b.ptr) for b in later._ring) == ring
         after = (ctypes.c_char * size)()
         drv.check(cu.cuMemcpyDtoH(after, mem.ptr, size), "read back")
     json.dump({"same": bytes(before) == bytes(after), "chunks": len(alloc.chunks),
@@ -72,7 +76,7 @@ def main():
                "first": {"copied": saved.copied, "written": saved.written,
                          "dedup": saved.deduplicated, "zero": saved.zero},
                "second": {"written": again.written, "dedup": again.deduplicated, "zero": again.zero},
-               "loaded": loaded.copied}, sys.stdout)
+               "loaded": loaded.copied, "ring_reused": reused}, sys.stdout)
 
 
 def pieces(args, store, mem, size, chunk, before):

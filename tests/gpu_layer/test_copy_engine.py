@@ -24,6 +24,7 @@ def test_save_then_load_gives_back_the_same_bytes_and_dedups(fake_env, tmp_path)
     # Saving the same memory again writes nothing.
     assert out["second"] == {"written": 0, "dedup": 12 * mib, "zero": 4 * mib}
     assert out["loaded"] == 16 * mib
+    assert out["ring_reused"], "a later engine takes the pinned ring the first one left"
 
 
 def test_a_ring_longer_than_the_allocation_and_a_short_last_chunk(fake_env, tmp_path):
