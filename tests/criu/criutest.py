@@ -61,6 +61,16 @@ def alive(pid: int) -> bool:
     return state(pid) not in (None, "Z")
 
 
+def dies(pid: int, within_s: float = 5.0) -> bool:
+    """Whether pid is gone (or a zombie) within the time: a SIGKILL takes effect asynchronously."""
+    deadline = time.monotonic() + within_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def status_field(pid: int, name: str) -> str:
     with open(f"/proc/{pid}/status") as f:
         for line in f:

@@ -11,7 +11,7 @@ import pytest
 
 from criu_gpushare.criu import images, rpc
 from criu_gpushare.errors import CriuError
-from criutest import alive, children_named, counter, runs, sleeper, state, status_field
+from criutest import alive, children_named, counter, dies, runs, sleeper, state, status_field
 
 # CRIU 4.2.1's notifications for a tree without namespaces of its own, in order (CRIU's
 # test/others/action-script/check_actions.py pins the same for a tree with them, which adds
@@ -223,5 +223,5 @@ def test_a_callback_failing_during_the_restore_leaves_nothing_running(
     with pytest.raises(RuntimeError, match=f"refused at {action}"):
         rpc.restore(images_dir(tmp_path), rpc.CriuOptions(), recorder)
     assert recorder.actions == RESTORE_ACTIONS[:RESTORE_ACTIONS.index(action) + 1]
-    assert not alive(proc.pid)  # CRIU killed what it had restored
+    assert dies(proc.pid)  # CRIU killed what it had restored
     assert children_named("criu") == []

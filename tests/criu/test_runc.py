@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from criutest import alive, status_field
+from criutest import dies, status_field
 
 RUNC = shutil.which("runc")
 # What CRIU 4.2.1 runs for runc: a container has its own namespaces, so a restore sets them up.
@@ -135,7 +135,7 @@ def test_runc_checkpoint_and_restore_run_the_configured_action_script(container,
 
     container.runc("checkpoint", "--image-path", str(container.bundle.parent / "images"), container.id)
     assert recorded(actions) == DUMP_ACTIONS
-    assert not alive(pid) and container.pid() is None
+    assert dies(pid) and container.pid() is None
 
     actions.unlink()
     container.runc("restore", "--detach", "--image-path", str(container.bundle.parent / "images"),
@@ -169,7 +169,7 @@ def test_runc_with_the_hook_of_hooks_runc_conf_passes_a_container_without_cuda(c
         assert pid and box.runs(pid)
         images = str(box.bundle.parent / "images")
         box.runc("checkpoint", "--image-path", images, box.id)
-        assert not alive(pid)
+        assert dies(pid)
         box.runc("restore", "--detach", "--image-path", images, box.id)
         assert box.runs(box.pid())
     finally:

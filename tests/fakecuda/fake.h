@@ -124,6 +124,10 @@ struct fk_stream {
     pthread_t thread;
     int thread_started;
     int destroyed;
+    /* capture.c */
+    int capturing;              /* between cuStreamBeginCapture and cuStreamEndCapture */
+    int capture_invalidated;
+    CUstreamCaptureMode capture_mode;
 };
 
 #define FK_EVENT_MAGIC 0x746e6576454b46ull
@@ -247,6 +251,16 @@ int fk_streams_drain_until(double deadline_ms);
 void fk_stream_sync_ctx(struct fk_ctx *c);
 /* The context of stream hs (pt: reached through a _ptsz entry point), and waiting for it. */
 CUresult fk_stream_context(CUstream hs, int pt, struct fk_ctx **out);
+CUresult fk_stream_lookup(CUstream hs, int pt, struct fk_stream **out);
+struct fk_stream *fk_stream_list(void); /* every stream of the process (next_all), under fk_capture_lock */
+void fk_capture_lock(void);
+void fk_capture_unlock(void);
+
+/* ---- capture.c ------------------------------------------------------------------------ */
+/* A call that stream capture forbids (a query or synchronize) while a global-mode capture runs,
+ * made by a thread not in relaxed mode: it invalidates those captures and gives
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; else CUDA_SUCCESS. */
+CUresult fk_capture_unsafe_call(void);
 CUresult fk_stream_wait_all(CUstream hs, int pt);
 
 /* ---- checkpoint.c -------------------------------------------------------------------- */

@@ -7,7 +7,8 @@
  * its pool; a free waits for the stream and frees at once, so a pool never holds unused memory and
  * trimming has nothing to do. Pointer exports (cuMemPoolExportPointer) are not modelled. A pool
  * export is a memfd holding the exporter's pid and pool; importing it gives a pool that allocates
- * nothing, enough for tests of what a checkpoint of such an importer must refuse.
+ * nothing, enough for tests of what a checkpoint of such an importer must refuse. An allocation on
+ * a capturing stream (capture.c) is made at once, as if the graph had run.
  */
 #include "fake.h"
 
@@ -247,22 +248,6 @@ FK_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hs)
 {
     FK_API("cuMemFreeAsync_ptsz");
     return FREE_BODY(1);
-}
-
-/* No stream is ever capturing: the fake has no graphs of captured work. */
-#define CAPTURING_BODY(pt) ((void)(pt), status ? (*status = CU_STREAM_CAPTURE_STATUS_NONE, CUDA_SUCCESS) \
-                                               : CUDA_ERROR_INVALID_VALUE)
-FK_EXPORT CUresult cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus *status)
-{
-    FK_API("cuStreamIsCapturing");
-    (void)hs;
-    return CAPTURING_BODY(0);
-}
-FK_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hs, CUstreamCaptureStatus *status)
-{
-    FK_API("cuStreamIsCapturing_ptsz");
-    (void)hs;
-    return CAPTURING_BODY(1);
 }
 
 /* ---- pool exports ------------------------------------------------------------------------- */

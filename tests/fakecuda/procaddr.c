@@ -62,6 +62,9 @@
     T("cuMemAllocFromPoolAsync", 11020, cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz) \
     T("cuMemFreeAsync", 11020, cuMemFreeAsync, cuMemFreeAsync_ptsz)                     \
     T("cuStreamIsCapturing", 10000, cuStreamIsCapturing, cuStreamIsCapturing_ptsz)       \
+    T("cuStreamBeginCapture", 10010, cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz) \
+    T("cuStreamEndCapture", 10000, cuStreamEndCapture, cuStreamEndCapture_ptsz)          \
+    E("cuThreadExchangeStreamCaptureMode", 10010, cuThreadExchangeStreamCaptureMode)    \
     E("cuDeviceGetDefaultMemPool", 11020, cuDeviceGetDefaultMemPool)                    \
     E("cuDeviceGetMemPool", 11020, cuDeviceGetMemPool)                                  \
     E("cuDeviceSetMemPool", 11020, cuDeviceSetMemPool)                                  \

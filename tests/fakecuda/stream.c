@@ -317,6 +317,11 @@ CUresult fk_submit_memop(const struct fk_memop *m, CUstream hs, int pt)
 
 CUresult fk_launch_function(CUfunction f, CUstream hs, void **params, int pt) { return fk_launch(f, hs, params, pt); }
 
+CUresult fk_stream_lookup(CUstream hs, int pt, struct fk_stream **out) { return fk_stream_get(hs, pt, out); }
+struct fk_stream *fk_stream_list(void) { return fk_sq.all; }
+void fk_capture_lock(void) { pthread_mutex_lock(&fk_sq.mu); }
+void fk_capture_unlock(void) { pthread_mutex_unlock(&fk_sq.mu); }
+
 CUresult fk_stream_context(CUstream hs, int pt, struct fk_ctx **out)
 {
     struct fk_stream *s;
@@ -325,8 +330,14 @@ CUresult fk_stream_context(CUstream hs, int pt, struct fk_ctx **out)
     return r;
 }
 
-static CUresult fk_stream_synchronize(CUstream hs, int pt);
-CUresult fk_stream_wait_all(CUstream hs, int pt) { return fk_stream_synchronize(hs, pt); }
+static void fk_stream_wait(struct fk_stream *s);
+CUresult fk_stream_wait_all(CUstream hs, int pt)
+{
+    struct fk_stream *s;
+    CUresult r = fk_stream_get(hs, pt, &s);
+    if (r == CUDA_SUCCESS) fk_stream_wait(s);
+    return r;
+}
 
 /* Defines NAME and its per-thread twin TWIN with the same parameters; BODY(pt) is the shared
  * implementation, with pt = 1 in the twin. */
@@ -375,11 +386,17 @@ static CUresult fk_stream_synchronize(CUstream hs, int pt)
     struct fk_stream *s;
     CUresult r = fk_stream_get(hs, pt, &s);
     if (r) return r;
+    if ((r = fk_capture_unsafe_call())) return r;
+    fk_stream_wait(s);
+    return CUDA_SUCCESS;
+}
+
+static void fk_stream_wait(struct fk_stream *s)
+{
     pthread_mutex_lock(&fk_sq.mu);
     unsigned long long target = s->submitted;
     pthread_mutex_unlock(&fk_sq.mu);
     fk_wait_seq(s, target);
-    return CUDA_SUCCESS;
 }
 FK_PAIR(cuStreamSynchronize, cuStreamSynchronize_ptsz, (CUstream hs), SYNC_BODY)
 
@@ -474,6 +491,8 @@ FK_EXPORT CUresult cuEventQuery(CUevent h)
     FK_API("cuEventQuery");
     struct fk_event *e = fk_event_get(h);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r0 = fk_capture_unsafe_call();
+    if (r0) return r0;
     pthread_mutex_lock(&fk_sq.mu);
     CUresult r = e->stream && e->stream->completed < e->seq ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
     pthread_mutex_unlock(&fk_sq.mu);
@@ -485,6 +504,8 @@ FK_EXPORT CUresult cuEventSynchronize(CUevent h)
     FK_API("cuEventSynchronize");
     struct fk_event *e = fk_event_get(h);
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult r0 = fk_capture_unsafe_call();
+    if (r0) return r0;
     pthread_mutex_lock(&fk_sq.mu);
     struct fk_stream *s = e->stream;
     unsigned long long seq = e->seq;

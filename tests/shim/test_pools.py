@@ -137,3 +137,41 @@ def test_an_unlimited_threshold_never_releases_a_block_work_still_uses(workload,
     w.do(f"allocasync y {6 * MiB}")
     w.do("sync")            # the fill ran on mapped memory: the process is alive to answer
     assert usage(w, fake_env) == 10 * MiB, "below the threshold the freed block stays cached"
+
+
+@fake_only
+def test_an_allocation_during_capture_is_the_drivers_and_the_capture_holds(workload):
+    """Captured, it becomes a graph node, which only the driver can make."""
+    w = workload()
+    w.do("capture global")
+    ptr = w.do(f"allocasync g {4 * MiB} - capture")["ptr"]
+    w.do("endcapture")
+    assert ptr not in [a["va"] for a in w.status()["allocations"]]
+
+
+@fake_only
+def test_a_free_during_capture_keeps_the_block(workload):
+    """The graph's work before the free may run at any later launch: the block stays allocated."""
+    w = workload()
+    ptr = w.do(f"allocasync x {4 * MiB}")["ptr"]
+    w.do("sync")
+    w.do("capture global")
+    w.do("freeasync x capture")
+    w.do("endcapture")
+    assert ptr in [a["va"] for a in async_allocs(w)]
+
+
+@fake_only
+def test_the_shims_own_calls_never_invalidate_a_global_capture(workload):
+    """While this thread captures in global mode, stream-ordered allocation on another stream
+    (event record and query, the cache's reuse and release) must not break the capture, as an
+    unsafe call would."""
+    w = workload()
+    w.do(f"allocasync warm {4 * MiB}")
+    w.do("freeasync warm")
+    w.do("sync")
+    w.do("capture global")
+    w.do(f"allocasync x {4 * MiB}")   # takes the cached block: its event is queried
+    w.do("freeasync x")               # an event recorded, the cache trimmed (queries again)
+    w.do(f"allocasync y {6 * MiB}")
+    w.do("endcapture")                # fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED otherwise

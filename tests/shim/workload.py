@@ -8,9 +8,12 @@ Reads one command a line on stdin and answers one JSON line on stdout: {"ok": tr
   pool NAME [FD] [DEV]           cuMemPoolCreate on DEV (FD=1: POSIX-fd exportable) -> handle
   threshold POOL BYTES           CU_MEMPOOL_ATTR_RELEASE_THRESHOLD of POOL ("default": the
                                  device 0 default pool)
-  allocasync NAME BYTES [POOL]   cuMemAllocAsync (or cuMemAllocFromPoolAsync of POOL) on the
-                                 worker stream -> ptr
-  freeasync NAME                 cuMemFreeAsync on the worker stream (not waited for)
+  allocasync NAME BYTES [POOL] [STREAM]   cuMemAllocAsync (or cuMemAllocFromPoolAsync of POOL,
+                                 "-" for none) on the worker stream (STREAM "capture": the
+                                 capture stream) -> ptr
+  freeasync NAME [STREAM]        cuMemFreeAsync on the worker (or capture) stream, not waited for
+  capture MODE / endcapture      cuStreamBeginCapture (global|relaxed) / cuStreamEndCapture of a
+                                 second stream, the capture stream
   trim POOL BYTES                cuMemPoolTrimTo
   poolexport POOL / poolimport NAME FD   pool export as a POSIX fd / its import
   cumem NAME BYTES [DEV] [FD]    cuMemCreate (FD=1 asks for POSIX fd), reserve, map, access DEV
@@ -94,6 +97,7 @@ class Workload:
         self.stream = ok(cu.cuStreamCreate(0))
         self.bufs = {}
         self.pools = {}
+        self.capture_stream = None
         self.sock = None
 
     def primary(self, dev):
@@ -143,16 +147,32 @@ class Workload:
         attr = cu.CUmemPool_attribute.CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
         ok(cu.cuMemPoolSetAttribute(self.pool(pool), attr, cu.cuuint64_t(int(size))))
 
-    def cmd_allocasync(self, name, size, pool=None):
-        if pool is None:
-            ptr = int(ok(cu.cuMemAllocAsync(int(size), self.stream)))
+    def stream_named(self, name):
+        if name == "capture":
+            if self.capture_stream is None:
+                self.capture_stream = ok(cu.cuStreamCreate(0))
+            return self.capture_stream
+        return self.stream
+
+    def cmd_allocasync(self, name, size, pool="-", stream="worker"):
+        s = self.stream_named(stream)
+        if pool == "-":
+            ptr = int(ok(cu.cuMemAllocAsync(int(size), s)))
         else:
-            ptr = int(ok(cu.cuMemAllocFromPoolAsync(int(size), self.pool(pool), self.stream)))
+            ptr = int(ok(cu.cuMemAllocFromPoolAsync(int(size), self.pool(pool), s)))
         self.bufs[name] = {"ptr": ptr, "size": int(size)}
         return {"ptr": ptr}
 
-    def cmd_freeasync(self, name):
-        ok(cu.cuMemFreeAsync(self.bufs.pop(name)["ptr"], self.stream))
+    def cmd_freeasync(self, name, stream="worker"):
+        ok(cu.cuMemFreeAsync(self.bufs.pop(name)["ptr"], self.stream_named(stream)))
+
+    def cmd_capture(self, mode):
+        modes = {"global": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_GLOBAL,
+                 "relaxed": cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_RELAXED}
+        ok(cu.cuStreamBeginCapture(self.stream_named("capture"), modes[mode]))
+
+    def cmd_endcapture(self):
+        ok(cu.cuStreamEndCapture(self.stream_named("capture")))
 
     def cmd_trim(self, pool, size):
         ok(cu.cuMemPoolTrimTo(self.pool(pool), int(size)))
