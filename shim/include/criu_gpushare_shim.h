@@ -21,6 +21,8 @@
  * allocations (POSIX-fd export capability is added to every cuMemCreate) and the GPU each lives
  * on, mappings with merged access, POSIX-fd exports (kept dups), imports linked to their exporter
  * (pid, allocation id), cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN backed by exportable cuMem memory,
+ * and so are stream-ordered allocations of that size from pools without export handle types
+ * (freed blocks kept per pool, up to its release threshold, for reuse at the same size),
  * CUDA IPC of that memory served through the shim, page-locked host memory (cuMemHostAlloc/
  * cuMemAllocHost are mmap + register, so they can be re-registered), peer access, multicast objects
  * and binds. Imports it cannot restore (CUDA IPC of memory not allocated through a shim, imports
@@ -42,8 +44,12 @@
  * function while the gates close makes the drain time out (busy), never deadlock.
  *
  * Environment:
- *   CRIU_GPUSHARE_MALLOC_MIN  bytes (default 2097152): cuMemAlloc of at least this much is backed
- *                             by exportable cuMem memory; 0 turns the backing off.
+ *   CRIU_GPUSHARE_MALLOC_MIN  bytes (default 2097152): cuMemAlloc and stream-ordered allocations
+ *                             of at least this much are backed by exportable cuMem memory; 0 turns
+ *                             the backing off.
+ *   CRIU_GPUSHARE_POOLS       0: stream-ordered allocations stay the driver's pools' (which reuse
+ *                             freed memory for any size; a checkpoint then moves them through the
+ *                             driver's slower path); default 1.
  *
  * Exported for tools (resolve with dlsym on the loaded shim):
  *   criu_gpushare_shim_version()   "MAJOR.MINOR.PATCH", the package version it was built with

@@ -207,13 +207,25 @@ static int take_cached(CUmemoryPool pool, size_t size, CUstream s, int per_threa
     return 0;
 }
 
+/* CRIU_GPUSHARE_POOLS=0 leaves stream-ordered memory to the driver's pools. */
+static int pools_backed(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("CRIU_GPUSHARE_POOLS");
+        on = !(e && strcmp(e, "0") == 0);
+    }
+    return on;
+}
+
 /* A backed allocation from pool (NULL: the current pool of the stream's device); 1 when the
  * driver must serve it instead. */
 static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s,
                         int per_thread, CUresult *result)
 {
     int dev;
-    if (!dptr || bytesize < gs_backing_min() || gs_backing_min() == 0 || capturing(s, per_thread) ||
+    if (!dptr || !pools_backed() || bytesize < gs_backing_min() || gs_backing_min() == 0 ||
+        capturing(s, per_thread) ||
         stream_device(s, &dev))
         return 1;
     if (!pool && CU(CUresult(*)(CUmemoryPool *, CUdevice), cuDeviceGetMemPool, &pool, dev) != CUDA_SUCCESS)

@@ -175,3 +175,12 @@ def test_the_shims_own_calls_never_invalidate_a_global_capture(workload):
     w.do("freeasync x")               # an event recorded, the cache trimmed (queries again)
     w.do(f"allocasync y {6 * MiB}")
     w.do("endcapture")                # fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED otherwise
+
+
+def test_pools_off_leaves_stream_ordered_memory_to_the_driver(workload):
+    w = workload({"CRIU_GPUSHARE_POOLS": "0"})
+    w.do(f"allocasync x {4 * MiB}")
+    w.do("fill x 2")
+    w.do("sync")
+    assert w.do("read x")["values"] == [2] * 4
+    assert async_allocs(w) == []
