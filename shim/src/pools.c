@@ -516,7 +516,10 @@ CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *ha
     if (!real)
         return CUDA_ERROR_NOT_FOUND;
     CUresult r = real(pool, handle, type, flags);
-    if (r == CUDA_SUCCESS && !gs_depth) {
+    if (r == CUDA_SUCCESS && !gs_depth && pool) {
+        pthread_mutex_lock(&pools_mu);
+        add_pool(*pool, -1, 0); /* its memory is the exporter's: never the shim's */
+        pthread_mutex_unlock(&pools_mu);
         gs_lock();
         gs.n_pool_imports++;
         gs_unlock();

@@ -72,36 +72,13 @@ static CUresult is_capturing(CUstream hs, CUstreamCaptureStatus *status, int pt)
     return CUDA_SUCCESS;
 }
 
-FK_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hs, CUstreamCaptureMode mode)
-{
-    FK_API("cuStreamBeginCapture_v2");
-    return begin_capture(hs, mode, 0);
-}
-FK_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream hs, CUstreamCaptureMode mode)
-{
-    FK_API("cuStreamBeginCapture_v2_ptsz");
-    return begin_capture(hs, mode, 1);
-}
-FK_EXPORT CUresult cuStreamEndCapture(CUstream hs, CUgraph *graph)
-{
-    FK_API("cuStreamEndCapture");
-    return end_capture(hs, graph, 0);
-}
-FK_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream hs, CUgraph *graph)
-{
-    FK_API("cuStreamEndCapture_ptsz");
-    return end_capture(hs, graph, 1);
-}
-FK_EXPORT CUresult cuStreamIsCapturing(CUstream hs, CUstreamCaptureStatus *status)
-{
-    FK_API("cuStreamIsCapturing");
-    return is_capturing(hs, status, 0);
-}
-FK_EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream hs, CUstreamCaptureStatus *status)
-{
-    FK_API("cuStreamIsCapturing_ptsz");
-    return is_capturing(hs, status, 1);
-}
+#define BEGIN_BODY(pt) begin_capture(hs, mode, pt)
+#define END_BODY(pt) end_capture(hs, graph, pt)
+#define IS_CAPTURING_BODY(pt) is_capturing(hs, status, pt)
+FK_PAIR(cuStreamBeginCapture_v2, cuStreamBeginCapture_v2_ptsz, (CUstream hs, CUstreamCaptureMode mode), BEGIN_BODY)
+FK_PAIR(cuStreamEndCapture, cuStreamEndCapture_ptsz, (CUstream hs, CUgraph *graph), END_BODY)
+FK_PAIR(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, (CUstream hs, CUstreamCaptureStatus *status),
+        IS_CAPTURING_BODY)
 
 FK_EXPORT CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 {

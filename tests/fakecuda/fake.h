@@ -195,6 +195,11 @@ void fk_leave_cleanup(int *entered);
     if (fk__r != CUDA_SUCCESS) return fk__r
 #define FK_API(name) FK_API_(name, 1)
 #define FK_API_NOGATE(name) FK_API_(name, 0)
+/* Defines NAME and its per-thread twin TWIN with the same parameters; BODY(pt) is the shared
+ * implementation, with pt = 1 in the twin. */
+#define FK_PAIR(NAME, TWIN, PARAMS, BODY)                          \
+    FK_EXPORT CUresult NAME PARAMS { FK_API(#NAME); return BODY(0); } \
+    FK_EXPORT CUresult TWIN PARAMS { FK_API(#TWIN); return BODY(1); }
 
 void fk_lock(void);
 void fk_unlock(void);

@@ -76,10 +76,6 @@ static CUresult fk_copy3d_peer(const CUDA_MEMCPY3D_PEER *p, CUstream hs, int pt,
                              pt, sync);
 }
 
-#define FK_PAIR(NAME, TWIN, PARAMS, BODY)                          \
-    FK_EXPORT CUresult NAME PARAMS { FK_API(#NAME); return BODY(0); } \
-    FK_EXPORT CUresult TWIN PARAMS { FK_API(#TWIN); return BODY(1); }
-
 #define C2D_BODY(pt) fk_copy2d(p, NULL, pt, 1)
 #define C3D_BODY(pt) fk_copy3d(p, NULL, pt, 1)
 #define C3DP_BODY(pt) fk_copy3d_peer(p, NULL, pt, 1)

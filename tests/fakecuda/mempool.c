@@ -218,37 +218,10 @@ static CUresult free_async(CUdeviceptr dptr, CUstream hs, int pt)
 #define ALLOC_BODY(pt) alloc_async(dptr, bytesize, hs, pt)
 #define ALLOC_POOL_BODY(pt) alloc_pool_async(dptr, bytesize, pool, hs, pt)
 #define FREE_BODY(pt) free_async(dptr, hs, pt)
-FK_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hs)
-{
-    FK_API("cuMemAllocAsync");
-    return ALLOC_BODY(0);
-}
-FK_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hs)
-{
-    FK_API("cuMemAllocAsync_ptsz");
-    return ALLOC_BODY(1);
-}
-FK_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hs)
-{
-    FK_API("cuMemAllocFromPoolAsync");
-    return ALLOC_POOL_BODY(0);
-}
-FK_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
-                                                CUstream hs)
-{
-    FK_API("cuMemAllocFromPoolAsync_ptsz");
-    return ALLOC_POOL_BODY(1);
-}
-FK_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream hs)
-{
-    FK_API("cuMemFreeAsync");
-    return FREE_BODY(0);
-}
-FK_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hs)
-{
-    FK_API("cuMemFreeAsync_ptsz");
-    return FREE_BODY(1);
-}
+FK_PAIR(cuMemAllocAsync, cuMemAllocAsync_ptsz, (CUdeviceptr *dptr, size_t bytesize, CUstream hs), ALLOC_BODY)
+FK_PAIR(cuMemAllocFromPoolAsync, cuMemAllocFromPoolAsync_ptsz,
+        (CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream hs), ALLOC_POOL_BODY)
+FK_PAIR(cuMemFreeAsync, cuMemFreeAsync_ptsz, (CUdeviceptr dptr, CUstream hs), FREE_BODY)
 
 /* ---- pool exports ------------------------------------------------------------------------- */
 

@@ -339,12 +339,6 @@ CUresult fk_stream_wait_all(CUstream hs, int pt)
     return r;
 }
 
-/* Defines NAME and its per-thread twin TWIN with the same parameters; BODY(pt) is the shared
- * implementation, with pt = 1 in the twin. */
-#define FK_PAIR(NAME, TWIN, PARAMS, BODY)                          \
-    FK_EXPORT CUresult NAME PARAMS { FK_API(#NAME); return BODY(0); } \
-    FK_EXPORT CUresult TWIN PARAMS { FK_API(#TWIN); return BODY(1); }
-
 FK_EXPORT CUresult cuStreamCreate(CUstream *ph, unsigned int flags)
 {
     FK_API("cuStreamCreate");
