@@ -35,7 +35,7 @@ import functools
 import os
 import time
 
-from ..errors import BusyError, Error
+from ..errors import BusyError, Error, ProcessError
 from ..gpu import checkpoint_api as ck
 from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
 from ..gpu.devices import DeviceMap, workload_devices_map
@@ -184,6 +184,7 @@ class Group:
             try:
                 for pid in self.shim_pids:
                     control.quiesce(pid, timeout_ms=2000)
+                self._replan()
                 return
             except BusyError as e:
                 self._reopen_gates()
@@ -193,6 +194,32 @@ class Group:
             except Error:
                 self._reopen_gates()
                 raise
+
+    def _replan(self):
+        """The plan again, now that the group's GPU work is held: memory allocated or freed since
+        discover (a pool's churn, a late tensor) is planned as it is now."""
+        for m in self.members:
+            if m.status is not None:
+                m.status = control.status(m.pid)
+        plan.check(self.members)
+        self.units, self.attachments = plan.make_plan(self.members)
+
+    def _check_unchanged(self):
+        """Right before anything is released, every shim must still hold exactly the memory that
+        was saved: a release would drop memory that nobody saved."""
+        for m in self.members:
+            if m.status is None:
+                continue
+            st = control.status(m.pid)
+            have = ({("allocation", a["id"]) for a in st.get("allocations", [])}
+                    | {("import", i["id"]) for i in st.get("imports", [])})
+            saved = ({(u.kind, u.id) for u in self.units if u.owner == m.pid}
+                     | {("import", a.import_id) for a in self.attachments if a.importer == m.pid})
+            if have != saved:
+                raise ProcessError(m.pid, f"allocated or freed GPU memory while it was being "
+                                   f"suspended ({len(have - saved)} new, {len(saved - have)} gone "
+                                   "since the save): nothing was released and it runs on; "
+                                   "suspend it again")
 
     def _reopen_gates(self):
         for pid in self.shim_pids:
@@ -269,6 +296,7 @@ class Group:
         return progress
 
     def _release(self):
+        self._check_unchanged()
         # Every importer first, then the owners: a failure half-way never leaves an import mapping
         # memory that the rollback re-creates elsewhere.
         self._each_shim("release", only="imports")
@@ -294,7 +322,6 @@ class Group:
         """Before CRIU dumps: no process of the group may still hold a /dev/nvidia* file (CRIU
         cannot dump one, and the image would hold GPU state it cannot restore). Naming what is
         left, and where, here beats CRIU's "Can't handle non-regular mapping" later."""
-        from ..errors import ProcessError
         from ..shimctl.processes import gpu_device_fds, gpu_device_mappings
         for pid in self.pids:
             left = gpu_device_mappings(pid) + [f"fd {fd} {t}" for fd, t in gpu_device_fds(pid).items()]

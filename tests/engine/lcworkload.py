@@ -9,6 +9,9 @@ Extra commands:
   signals                  -> the signals delivered so far, in order
   closefd FD               close an fd (an fd passed to this process, or an export)
   fdtarget FD              -> what /proc/self/fd/FD points to
+  allocloop COUNT          a thread allocates COUNT blocks of 2 MiB of stream-ordered memory,
+                           one every 5 ms, and keeps them (no launch or copy: the gates do not
+                           hold it)
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "shim"))
@@ -58,6 +62,19 @@ class LifecycleWorkload(base.Workload):
 
     def cmd_closefd(self, fd):
         os.close(int(fd))
+
+    def cmd_allocloop(self, count):
+        from cuda.bindings import driver as cu
+        ctx = self.ctx
+
+        def loop():
+            base.ok(cu.cuCtxSetCurrent(ctx))
+            stream = base.ok(cu.cuStreamCreate(0))
+            for _ in range(int(count)):
+                base.ok(cu.cuMemAllocAsync(2 << 20, stream))
+                time.sleep(0.005)
+
+        threading.Thread(target=loop, daemon=True, name="allocloop").start()
 
     def cmd_fdtarget(self, fd):
         return {"target": os.readlink(f"/proc/self/fd/{int(fd)}")}

@@ -221,3 +221,19 @@ def test_a_member_another_tool_has_locked_is_refused_naming_it(lc, workload, tmp
     finally:
         other.kill()
         other.wait()
+
+
+def test_memory_allocated_during_the_suspend_is_refused_before_anything_is_released(lc, workload):
+    """A thread that allocates without launching is not held by the gates: what it holds at the
+    release is not what was saved. The suspend must fail before the release, never
+    drop memory nobody saved."""
+    a = workload()
+    a.do(f"malloc keep {4 << 20}")
+    write(a, "keep", 9)
+    a.do("allocloop 600")
+    r = suspend(lc, a.pid, ok=False)
+    assert r.returncode != 0
+    assert "allocated or freed GPU memory while it was being suspended" in r.stderr
+    assert ROLLED_BACK in r.stderr
+    assert shim_state(lc, a.pid) == "running"
+    assert values(a, "keep") == [9] * 4
