@@ -355,3 +355,24 @@ def test_the_same_sharing_tree_without_the_shim_fails_the_driver_way(env, tmp_pa
         print(f"PROBE driver_way_sharing_tree exit={r.returncode}")
     finally:
         kill_tree([a.pid, b.pid, parent.pid])
+
+
+def test_stream_ordered_memory_through_the_wrapper(env, tree, tmp_path):
+    """cuMemAllocAsync memory goes to the store with the rest and comes back at its address;
+    after the restore the pool serves and reuses as before."""
+    parent, a, b = tree
+    ptr = a.do(f"allocasync pooled {4 << 20}")["ptr"]
+    write(a, "pooled", 31)
+    images = tmp_path / "images"
+    r = cli(env, "dump", parent.pid, images, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["bytes"]["copied"] >= 3 * (4 << 20)  # buf, ipc and the pooled block
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    r = cli(env, "restore", images)
+    assert r.returncode == 0, r.stderr
+    a.wait_ready()
+    assert values(a, "pooled") == [31] * 4
+    assert_back(env, a, b)
+    a.do("freeasync pooled")
+    assert a.do(f"allocasync again {4 << 20}")["ptr"] == ptr
