@@ -52,6 +52,19 @@ def cli(env, *args, timeout=180):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def criu_run(criu, env, args, images, log, fault=None):
+    tool = dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}))
+    return subprocess.run([criu, *args, "-D", str(images), "--action-script", HOOK, "-o", log],
+                          env=tool, capture_output=True, text=True, timeout=180)
+
+
+def hook_dump(criu, env, parent, tmp_path, *extra, fault=None):
+    """`criu dump` of parent's tree through the hook into a new image directory: (images, result)."""
+    images = tmp_path / "images"
+    images.mkdir()
+    return images, criu_run(criu, env, ["dump", "-t", str(parent.pid), *extra], images, "dump.log", fault)
+
+
 def assert_back(env, a, b, value=42):
     assert values(b, "buf") == [value] * 4 and values(a, "buf") == [value] * 4
     assert values(a, "ipc") == [7] * 4, "legacy IPC memory lost"
@@ -65,13 +78,8 @@ def assert_back(env, a, b, value=42):
 
 def test_wrapper_dump_then_restore(env, tree, tmp_path):
     parent, a, b = tree
-    images = tmp_path / "images"
-    r = cli(env, "dump", parent.pid, images, "--json")
-    assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    images, out = dumped(env, tree, tmp_path)
     assert out["gpu_state"] and out["bytes"]["copied"] >= 4 << 20
-    parent.wait(10)  # CRIU killed the tree: reap it, freeing its pids
-    reap([a.pid, b.pid])
     record = json.loads((images / RECORD_NAME).read_text())
     assert record["ref"] == out["ref"] and record["gpu_state"]
     from criu_gpushare.criu import images as criu_images
@@ -94,16 +102,11 @@ def test_wrapper_dump_leave_running(env, tree, tmp_path):
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_hook_dump_then_restore(env, tree, tmp_path, criu):
     parent, a, b = tree
-    images = tmp_path / "images"
-    images.mkdir()
-    r = subprocess.run([criu, "dump", "-t", str(parent.pid), "-D", str(images), "--action-script", HOOK,
-                        "-o", "dump.log", "-v4"], env=env["tool"], capture_output=True, text=True, timeout=180)
+    images, r = hook_dump(criu, env, parent, tmp_path, "-v4")
     assert r.returncode == 0, (images / "dump.log").read_text()[-4000:]
     parent.wait(10)
     reap([a.pid, b.pid])
-    r = subprocess.run([criu, "restore", "-D", str(images), "-d", "--action-script", HOOK,
-                        "-o", "restore.log", "-v4"], env=env["tool"], capture_output=True, text=True,
-                       timeout=180)
+    r = criu_run(criu, env, ["restore", "-d", "-v4"], images, "restore.log")
     assert r.returncode == 0, (images / "restore.log").read_text()[-4000:]
     a.wait_ready()
     assert_back(env, a, b)
@@ -112,11 +115,7 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_hook_dump_leave_running_gives_the_gpu_state_back(env, tree, tmp_path, criu):
     parent, a, b = tree
-    images = tmp_path / "images"
-    images.mkdir()
-    r = subprocess.run([criu, "dump", "-t", str(parent.pid), "-D", str(images), "--action-script", HOOK,
-                        "--leave-running", "-o", "dump.log"], env=env["tool"], capture_output=True,
-                       text=True, timeout=180)
+    images, r = hook_dump(criu, env, parent, tmp_path, "--leave-running")
     assert r.returncode == 0, (images / "dump.log").read_text()[-4000:]
     # the holder resumes the tree once CRIU has let go: a GPU read waits at the gate until then
     assert values(b, "buf") == [42] * 4
@@ -236,19 +235,11 @@ def test_a_restore_that_fails_after_criu_stays_held_and_resume_finishes_it(env, 
     assert_back(env, a, b)
 
 
-def criu_run(criu, env, args, images, log, fault=None):
-    tool = dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}))
-    return subprocess.run([criu, *args, "-D", str(images), "--action-script", HOOK, "-o", log],
-                          env=tool, capture_output=True, text=True, timeout=180)
-
-
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 @pytest.mark.parametrize("phase", ["copy", "release", "checkpoint"])
 def test_the_hooks_holder_killed_at_pre_dump_is_recovered_by_resume(env, tree, tmp_path, criu, phase):
     parent, a, b = tree
-    images = tmp_path / "images"
-    images.mkdir()
-    r = criu_run(criu, env, ["dump", "-t", str(parent.pid)], images, "dump.log", f"{phase}:kill")
+    images, r = hook_dump(criu, env, parent, tmp_path, fault=f"{phase}:kill")
     assert r.returncode != 0  # CRIU aborted the dump: the tree runs, its GPU state in the journal
     log = (images / "dump.log").read_text()
     assert "criu-gpushare resume" in log, log[-3000:]
@@ -260,10 +251,7 @@ def test_the_hooks_holder_killed_at_pre_dump_is_recovered_by_resume(env, tree, t
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_the_hooks_holder_killed_after_post_dump_of_a_leave_running_dump(env, tree, tmp_path, criu):
     parent, a, b = tree
-    images = tmp_path / "images"
-    images.mkdir()
-    r = criu_run(criu, env, ["dump", "-t", str(parent.pid), "--leave-running"], images, "dump.log",
-                 "post-dump:kill")
+    images, r = hook_dump(criu, env, parent, tmp_path, "--leave-running", fault="post-dump:kill")
     assert r.returncode != 0  # post-dump got no answer: CRIU fails the dump, the tree runs on
     r = cli(env, "resume", b.pid)
     assert r.returncode == 0, r.stderr
@@ -273,9 +261,7 @@ def test_the_hooks_holder_killed_after_post_dump_of_a_leave_running_dump(env, tr
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_the_hook_killed_at_post_resume_is_recovered_by_resume(env, tree, tmp_path, criu):
     parent, a, b = tree
-    images = tmp_path / "images"
-    images.mkdir()
-    r = criu_run(criu, env, ["dump", "-t", str(parent.pid)], images, "dump.log")
+    images, r = hook_dump(criu, env, parent, tmp_path)
     assert r.returncode == 0, (images / "dump.log").read_text()[-3000:]
     parent.wait(10)
     reap([a.pid, b.pid])
@@ -363,12 +349,8 @@ def test_stream_ordered_memory_through_the_wrapper(env, tree, tmp_path):
     parent, a, b = tree
     ptr = a.do(f"allocasync pooled {4 << 20}")["ptr"]
     write(a, "pooled", 31)
-    images = tmp_path / "images"
-    r = cli(env, "dump", parent.pid, images, "--json")
-    assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["bytes"]["copied"] >= 3 * (4 << 20)  # buf, ipc and the pooled block
-    parent.wait(10)
-    reap([a.pid, b.pid])
+    images, out = dumped(env, tree, tmp_path)
+    assert out["bytes"]["copied"] >= 3 * (4 << 20)  # buf, ipc and the pooled block
     r = cli(env, "restore", images)
     assert r.returncode == 0, r.stderr
     a.wait_ready()
