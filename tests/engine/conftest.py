@@ -80,6 +80,14 @@ class Env:
 
 
 @pytest.fixture
+def run_dir(tmp_path, monkeypatch):
+    """The tool's state directory for tests that run engine code in this process (not yet made)."""
+    d = tmp_path / "run"
+    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(d))
+    return d
+
+
+@pytest.fixture
 def lc(request, tmp_path):
     """The test's Env; holders still running at the end are stopped."""
     base = dict(os.environ, **NO_MULTICAST_ENV) if REAL_DRIVER else request.getfixturevalue("fake_env")

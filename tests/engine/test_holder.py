@@ -37,11 +37,7 @@ class FakeWork(holder.Work):
         raise Error(f"unknown command {cmd}")
 
 
-@pytest.fixture(autouse=True)
-def run_dir(tmp_path, monkeypatch):
-    d = tmp_path / "run"
-    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(d))
-    return d
+pytestmark = pytest.mark.usefixtures("run_dir")  # tests/engine/conftest.py
 
 
 def _gone(pid):

@@ -9,11 +9,7 @@ from criu_gpushare.engine import journal as jn
 from criu_gpushare.errors import ProcessError
 
 
-@pytest.fixture(autouse=True)
-def run_dir(tmp_path, monkeypatch):
-    d = tmp_path / "run"
-    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(d))
-    return d
+pytestmark = pytest.mark.usefixtures("run_dir")  # tests/engine/conftest.py
 
 
 @pytest.fixture

@@ -7,11 +7,7 @@ from criu_gpushare.engine import statedir
 from criu_gpushare.errors import Error
 
 
-@pytest.fixture(autouse=True)
-def run_dir(tmp_path, monkeypatch):
-    d = tmp_path / "run"
-    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(d))
-    return d
+pytestmark = pytest.mark.usefixtures("run_dir")  # tests/engine/conftest.py
 
 
 def test_the_state_dir_must_be_private(run_dir):
