@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -39,6 +40,15 @@ def fake_env(fake_driver_dir, tmp_path) -> dict:
     env["FAKECUDA_STATE"] = str(state)
     env.update(NO_MULTICAST_ENV)
     return env
+
+
+@pytest.fixture
+def sleeper():
+    """A live process that is not CUDA's (a pid whose claims and holds are not stale)."""
+    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield p
+    p.kill()
+    p.wait()
 
 
 @pytest.fixture(scope="session")

@@ -12,14 +12,6 @@ from criu_gpushare.errors import ProcessError
 pytestmark = pytest.mark.usefixtures("run_dir")  # tests/engine/conftest.py
 
 
-@pytest.fixture
-def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield p
-    p.kill()
-    p.wait()
-
-
 def test_a_second_claim_on_a_process_is_refused(sleeper):
     j = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDING, store="/s", ref="r")
     with pytest.raises(ProcessError, match="already being handled"):

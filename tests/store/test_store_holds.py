@@ -23,14 +23,6 @@ def dead_pid():
     return p.pid
 
 
-@pytest.fixture
-def sleeper():
-    p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    yield p
-    p.kill()
-    p.wait()
-
-
 def hold_files(store, ref):
     d = os.path.join(store.path, "holds", ref)
     return sorted(n for n in os.listdir(d) if n.endswith(".hold")) if os.path.isdir(d) else []
