@@ -21,12 +21,14 @@
  * allocations (POSIX-fd export capability is added to every cuMemCreate) and the GPU each lives
  * on, mappings with merged access, POSIX-fd exports (kept dups), imports linked to their exporter
  * (pid, allocation id), cuMemAlloc >= CRIU_GPUSHARE_MALLOC_MIN backed by exportable cuMem memory,
- * and so are stream-ordered allocations of that size from pools without export handle types
+ * and so are stream-ordered allocations of that size from device pools without export handle
+ * types, size limit or usage flags
  * (freed blocks kept per pool, up to its release threshold, for reuse at the same size),
  * CUDA IPC of that memory served through the shim, page-locked host memory (cuMemHostAlloc/
  * cuMemAllocHost are mmap + register, so they can be re-registered), peer access, multicast objects
  * and binds. Imports it cannot restore (CUDA IPC of memory not allocated through a shim, imports
- * no shim claims as exporter) are listed so a checkpoint refuses them.
+ * no shim claims as exporter, memory pools imported from another process) are listed so a
+ * checkpoint refuses them.
  *
  * Legacy CUDA IPC: memory the shim backs gets a handle served by the shim (an fd export); other
  * memory the driver can share (a small cuMemAlloc) gets a lazy handle, for which the exporter's

@@ -14,7 +14,6 @@
  *                      access to a context does not cover
  * Multicast objects are mcast.c's, stream-ordered allocation and pools pools.c's.
  */
-#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -62,15 +61,6 @@ static void record_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericA
         if (im && im->size < offset + size)
             im->size = offset + size;
     }
-}
-
-static void forget_maps(CUdeviceptr va, size_t size)
-{
-    for (size_t i = 0; i < gs.maps.n;)
-        if (gs.maps.v[i].va >= va && gs.maps.v[i].va - va < size)
-            GS_DEL(gs.maps, i);
-        else
-            i++;
 }
 
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
@@ -192,7 +182,7 @@ CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
         return r;
     }
     gs_lock();
-    forget_maps(ptr, size);
+    gs_forget_maps(ptr, size);
     gs_collect();
     gs_unlock();
     gs_depth--;
@@ -284,9 +274,8 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
         return real(dptr);
     CUmemGenericAllocationHandle h;
     size_t size;
-    int origin;
     gs_lock();
-    if (gs_backing_forget(dptr, &h, &size, &origin)) {
+    if (gs_backing_forget(dptr, &h, &size, NULL)) {
         /* driver memory: lazy IPC handles of it die with it */
         for (size_t i = 0; i < gs.lazy_ipc.n; i++)
             if (gs.lazy_ipc.v[i].base == dptr) {
@@ -307,22 +296,6 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 }
 
 /* ---- peer access ---------------------------------------------------------------------------- */
-
-static CUresult context_device(CUcontext ctx, int *dev)
-{
-    CUdevice d = 0;
-    CUresult r = CU(CUresult(*)(CUdevice *, CUcontext), cuCtxGetDevice_v2, &d, ctx);
-    if (r == CUDA_ERROR_NOT_FOUND) { /* older driver: push the context to ask it */
-        CUcontext old;
-        r = CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx);
-        if (r == CUDA_SUCCESS) {
-            r = CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d);
-            CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
-        }
-    }
-    *dev = (int)d;
-    return r;
-}
 
 /* Peer access to a context covers its cuMemAlloc memory; the shim's cuMem memory behind it needs
  * per-allocation access, granted (or revoked) here. */
@@ -359,7 +332,7 @@ static CUresult peer_access(CUcontext peer, unsigned flags, int enable)
         return r;
     }
     int owner, accessor;
-    if (context_device(peer, &owner) == CUDA_SUCCESS && current_device(&accessor) == CUDA_SUCCESS &&
+    if (gs_context_device(peer, &owner) == CUDA_SUCCESS && current_device(&accessor) == CUDA_SUCCESS &&
         owner >= 0 && owner < GS_MAX_DEV && accessor >= 0 && accessor < GS_MAX_DEV)
         apply_peer_access(owner, accessor, enable);
     gs_depth--;

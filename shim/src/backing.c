@@ -31,6 +31,8 @@ void gs_backing_record(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle
     a->pool = pool;
     a->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
     a->va = va;
+    if (origin == GS_ORIGIN_ASYNC)
+        __atomic_add_fetch(&gs.n_async, 1, __ATOMIC_RELAXED);
     struct gs_map *m = GS_PUSH(gs.maps);
     memset(m, 0, sizeof(*m));
     m->va = va;
@@ -50,16 +52,29 @@ void gs_backing_prop(CUmemAllocationProp *prop, int dev)
     prop->requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
 }
 
-size_t gs_backing_rounded(size_t bytesize, int dev)
+/* A device's granularity never changes: asked once (every allocation would ask otherwise). */
+static size_t granularity(int dev)
 {
+    static size_t known[GS_MAX_DEV];
+    if (dev < 0 || dev >= GS_MAX_DEV)
+        return 0;
+    size_t gran = __atomic_load_n(&known[dev], __ATOMIC_RELAXED);
+    if (gran)
+        return gran;
     CUmemAllocationProp prop;
     gs_backing_prop(&prop, dev);
-    size_t gran = 0;
     if (CU(CUresult(*)(size_t *, const CUmemAllocationProp *, CUmemAllocationGranularity_flags),
            cuMemGetAllocationGranularity, &gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) !=
-            CUDA_SUCCESS || !gran)
+        CUDA_SUCCESS)
         return 0;
-    return (bytesize + gran - 1) / gran * gran;
+    __atomic_store_n(&known[dev], gran, __ATOMIC_RELAXED);
+    return gran;
+}
+
+size_t gs_backing_rounded(size_t bytesize, int dev)
+{
+    size_t gran = granularity(dev);
+    return gran ? (bytesize + gran - 1) / gran * gran : 0;
 }
 
 CUresult gs_backing_alloc(CUdeviceptr *dptr, size_t bytesize, int dev, int origin,
@@ -99,32 +114,21 @@ release:
     return r;
 }
 
-int gs_backing_forget(CUdeviceptr va, CUmemGenericAllocationHandle *h, size_t *size, int *origin)
+int gs_backing_forget(CUdeviceptr va, CUmemGenericAllocationHandle *h, size_t *size,
+                      CUmemoryPool *pool)
 {
     struct gs_alloc *a = gs_find_backed_va(va);
     if (!a)
         return -1;
-    uint64_t id = a->id;
     *h = a->h;
     *size = a->size;
-    *origin = a->origin;
-    for (size_t i = 0; i < gs.maps.n;)
-        if (gs.maps.v[i].va >= va && gs.maps.v[i].va - va < *size)
-            GS_DEL(gs.maps, i);
-        else
-            i++;
-    for (size_t j = 0; j < gs.exports.n;)
-        if (gs.exports.v[j].kind == GS_OBJ_ALLOC && gs.exports.v[j].obj_id == id) {
-            close(gs.exports.v[j].fd);
-            GS_DEL(gs.exports, j);
-        } else {
-            j++;
-        }
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].id == id) {
-            GS_DEL(gs.allocs, i);
-            break;
-        }
+    if (pool)
+        *pool = a->origin == GS_ORIGIN_ASYNC ? a->pool : NULL;
+    gs_forget_maps(va, a->size);
+    gs_forget_exports(GS_OBJ_ALLOC, a->id); /* neither moves gs.allocs: a stays valid */
+    if (a->origin == GS_ORIGIN_ASYNC)
+        __atomic_sub_fetch(&gs.n_async, 1, __ATOMIC_RELAXED);
+    GS_DEL(gs.allocs, (size_t)(a - gs.allocs.v));
     return 0;
 }
 

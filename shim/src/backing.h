@@ -31,8 +31,9 @@ void gs_backing_record(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle
                        int origin, CUmemoryPool pool, const CUmemAccessDesc *access, int n_access);
 
 /* Forgets the backed allocation at va (its records and export dups): 0 with its current handle,
- * size and origin, or -1 when va is not one. Lock held. */
-int gs_backing_forget(CUdeviceptr va, CUmemGenericAllocationHandle *h, size_t *size, int *origin);
+ * size and (pool not NULL) pool, NULL unless stream-ordered; -1 when va is not one. Lock held. */
+int gs_backing_forget(CUdeviceptr va, CUmemGenericAllocationHandle *h, size_t *size,
+                      CUmemoryPool *pool);
 
 /* Unmaps, frees the VA and releases the memory (after the work using it is done). */
 CUresult gs_backing_destroy(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle h);

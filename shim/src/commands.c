@@ -161,16 +161,18 @@ static int memory_result(struct call *c, int r)
 /* "ids": "3,7,12": the ids of an `export` of many allocations at once (up to GS_REPLY_MAX_FDS). */
 static int parse_ids(const char *s, uint64_t *ids, int max, int *n)
 {
-    *n = 0;
-    while (*s) {
-        char *end;
-        unsigned long long v = strtoull(s, &end, 10);
-        if (end == s || v == 0 || *n == max || (*end && *end != ','))
+    for (*n = 0; *n < max; s++) {
+        if (*s < '0' || *s > '9') /* strtoull would take signs and blanks */
             return -1;
-        ids[(*n)++] = v;
-        s = *end ? end + 1 : end;
+        char *end;
+        ids[*n] = strtoull(s, &end, 10);
+        if (ids[(*n)++] == 0 || (*end && *end != ','))
+            return -1;
+        if (!*end)
+            return 0;
+        s = end; /* at the comma: a digit must follow */
     }
-    return *n ? 0 : -1;
+    return -1; /* more than max */
 }
 
 /* One allocation ("id") or many ("ids", one round trip for a copy of many small ones): the fds
@@ -181,22 +183,17 @@ static void cmd_export(struct call *c)
     const struct gs_json_field *list = gs_json_get(c->req, "ids", 's');
     uint64_t ids[GS_REPLY_MAX_FDS];
     int n = 1;
-    if (id && id->num > 0 && !list) {
+    if (id && !list && id->num > 0)
         ids[0] = (uint64_t)id->num;
-    } else if (!id && list && parse_ids(list->str, ids, GS_REPLY_MAX_FDS, &n) == 0) {
-    } else {
+    else if (id || !list || parse_ids(list->str, ids, GS_REPLY_MAX_FDS, &n)) {
         gs_reply_fail(c->out, "bad-request", "export needs \"id\" (a positive integer) or \"ids\" "
                       "(up to %d of them, comma-separated)", GS_REPLY_MAX_FDS);
         return;
     }
     for (int i = 0; i < n; i++) {
         int fd = -1;
-        if (memory_result(c, gs_export_id(ids[i], &fd, c->err, sizeof(c->err)))) {
-            for (int k = 0; k < c->out->nfds; k++)
-                close(c->out->fds[k]);
-            c->out->nfds = 0;
-            return;
-        }
+        if (memory_result(c, gs_export_id(ids[i], &fd, c->err, sizeof(c->err))))
+            return; /* a failed reply carries no fd; gs_reply_free closes those taken */
         gs_reply_add_fd(c->out, fd);
     }
 }

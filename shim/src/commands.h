@@ -7,8 +7,9 @@
 #include <stddef.h>
 
 #include "json.h"
+#include "wire.h"
 
-#define GS_REPLY_MAX_FDS 32 /* fds one reply carries: an `export` of "ids" names at most this many */
+#define GS_REPLY_MAX_FDS GS_MAX_SEND_FDS /* an `export` of "ids" names at most this many */
 
 struct gs_reply {
     const char *error; /* NULL: success */

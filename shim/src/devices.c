@@ -162,3 +162,19 @@ void gs_pop_ctx(int pushed)
     CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
     CU(CUresult(*)(CUdevice), cuDevicePrimaryCtxRelease_v2, pushed);
 }
+
+CUresult gs_context_device(CUcontext ctx, int *dev)
+{
+    CUdevice d = 0;
+    CUresult r = CU(CUresult(*)(CUdevice *, CUcontext), cuCtxGetDevice_v2, &d, ctx);
+    if (r == CUDA_ERROR_NOT_FOUND) { /* older driver: push the context to ask it */
+        CUcontext old;
+        r = CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx);
+        if (r == CUDA_SUCCESS) {
+            r = CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d);
+            CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
+        }
+    }
+    *dev = (int)d;
+    return r;
+}

@@ -4,6 +4,7 @@
 #ifndef GS_DEVICES_H
 #define GS_DEVICES_H
 
+#include <cuda.h>
 #include <stddef.h>
 
 #define GS_MAX_DEV 64  /* devices the shim knows by ordinal */
@@ -34,6 +35,8 @@ int gs_devmap_apply(const struct gs_devmap *m, int dev);
  * thread must not create a context on a GPU the program never used). Returns the device pushed,
  * or -1 when none could be (the call is then made without a context); pop with gs_pop_ctx. */
 int gs_push_ctx(int dev);
+/* The device of context ctx (cuCtxGetDevice_v2, or pushing it on an older driver). */
+CUresult gs_context_device(CUcontext ctx, int *dev);
 void gs_pop_ctx(int pushed);
 
 #endif

@@ -7,10 +7,12 @@
  *                      serves the rest: smaller sizes, exportable, size-limited and imported pools,
  *                      and allocations during stream capture (they become graph nodes)
  *   cuMemFreeAsync     a backed block goes to its pool's cache behind an event recorded on the
- *                      stream; an allocation of the same size from that pool takes it back, on the
- *                      same stream at once (stream order makes that safe), on another stream once
- *                      the event completed. Freed during stream capture, it stays allocated: the
- *                      graph may use it at any later launch
+ *                      stream; an allocation of the same size on the same device from that pool
+ *                      takes it back, on the same stream (the same cuStreamGetId: stream order
+ *                      makes that safe) at once, on another once the event completed. Freed during
+ *                      stream capture, it stays allocated: the graph may use it at any later
+ *                      launch. A block whose pool is gone, or that a devices map moved, is freed
+ *                      once its event completes instead
  *   capture            the shim's own calls (event queries, cuMemCreate) run in relaxed capture
  *                      mode, so another thread's global-mode capture is never invalidated by them
  *   the cache          keeps at most the pool's release threshold of completed blocks; cuMemPoolTrimTo
@@ -33,13 +35,13 @@
 #include "resolve.h"
 #include "track.h"
 
-/* A pool the shim has seen: created here, or a device's default pool met at an allocation. */
+/* A pool the shim has seen: created or imported here, a device's default pool, or another met
+ * at an allocation (remembered so that it is looked up once). */
 struct pool {
     CUmemoryPool h;
-    int dev;
-    int backed; /* its allocations are the shim's memory */
+    int dev; /* its allocations are the shim's memory, on this device; -1: the driver's */
     int n_access;
-    CUmemAccessDesc access[GS_MAX_ACCESS];
+    CUmemAccessDesc access[GS_MAX_ACCESS]; /* merged over cuMemPoolSetAccess, for new blocks */
 };
 
 /* A freed backed block waiting in its pool's cache. */
@@ -48,9 +50,9 @@ struct block {
     size_t size;
     CUmemGenericAllocationHandle h;
     CUmemoryPool pool;
-    CUstream stream; /* freed on this stream; reused on it at once */
-    int per_thread;  /* stream came through a _ptsz entry point */
-    CUevent done;    /* completes when the work before the free did; NULL: already done */
+    int dev;
+    unsigned long long stream_id; /* cuStreamGetId of the stream it was freed on (0: unknown) */
+    CUevent done; /* completes when the work before the free did; NULL: already done */
 };
 
 static pthread_mutex_t pools_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -65,21 +67,24 @@ static struct pool *find_pool(CUmemoryPool h)
     return NULL;
 }
 
-static struct pool *add_pool(CUmemoryPool h, int dev, int backed)
+/* dev < 0: a pool whose memory stays the driver's. */
+static struct pool *add_pool(CUmemoryPool h, int dev)
 {
     struct pool *p = GS_PUSH(pools);
     memset(p, 0, sizeof(*p));
     p->h = h;
     p->dev = dev;
-    p->backed = backed;
-    p->n_access = 1;
-    p->access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    p->access[0].location.id = dev;
-    p->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    if (dev >= 0) {
+        p->n_access = 1;
+        p->access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        p->access[0].location.id = dev;
+        p->access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    }
     return p;
 }
 
-/* The pool's record; a device's default pool is recorded when first met. pools_mu held. */
+/* The pool's record, made when first met: a device's default pool is the shim's, any other pool
+ * not created here the driver's. pools_mu held. */
 static struct pool *pool_of(CUmemoryPool h)
 {
     struct pool *p = find_pool(h);
@@ -91,31 +96,36 @@ static struct pool *pool_of(CUmemoryPool h)
         CUmemoryPool d = NULL;
         if (CU(CUresult(*)(CUmemoryPool *, CUdevice), cuDeviceGetDefaultMemPool, &d, dev) ==
                 CUDA_SUCCESS && d == h)
-            return add_pool(h, dev, 1);
+            return add_pool(h, dev);
     }
-    return NULL;
+    return add_pool(h, -1);
 }
 
 /* The device of stream s: its context's, or the current one for the NULL and special streams. */
 static int stream_device(CUstream s, int *dev)
 {
-    CUdevice d = 0;
     uintptr_t v = (uintptr_t)s;
     if (v == 0 || v == (uintptr_t)CU_STREAM_LEGACY || v == (uintptr_t)CU_STREAM_PER_THREAD) {
+        CUdevice d = 0;
         if (CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d) != CUDA_SUCCESS)
             return -1;
-    } else {
-        CUcontext ctx = NULL, old = NULL;
-        if (CU(CUresult(*)(CUstream, CUcontext *), cuStreamGetCtx, s, &ctx) != CUDA_SUCCESS ||
-            CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) != CUDA_SUCCESS)
-            return -1;
-        CUresult r = CU(CUresult(*)(CUdevice *), cuCtxGetDevice, &d);
-        CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
-        if (r != CUDA_SUCCESS)
-            return -1;
+        *dev = (int)d;
+        return 0;
     }
-    *dev = (int)d;
-    return 0;
+    CUcontext ctx = NULL;
+    if (CU(CUresult(*)(CUstream, CUcontext *), cuStreamGetCtx, s, &ctx) != CUDA_SUCCESS)
+        return -1;
+    return gs_context_device(ctx, dev) == CUDA_SUCCESS ? 0 : -1;
+}
+
+/* What names stream s for good: the NULL stream and the per-thread one stand for a different
+ * stream in each context or thread, and a destroyed stream's handle may come back; 0 if unknown. */
+static unsigned long long stream_id(CUstream s, int per_thread)
+{
+    unsigned long long id = 0;
+    CUresult r = per_thread ? CU(CUresult(*)(CUstream, unsigned long long *), cuStreamGetId_ptsz, s, &id)
+                            : CU(CUresult(*)(CUstream, unsigned long long *), cuStreamGetId, s, &id);
+    return r == CUDA_SUCCESS ? id : 0;
 }
 
 /* Stream capture turns an allocation into a graph node: only the driver can do that. Unknown
@@ -134,8 +144,8 @@ static int event_done(CUevent e)
 }
 
 /* Takes the cached blocks to release out of the cache: the completed ones of pool (NULL: any)
- * beyond keep bytes, or with every all of them, done or not (the caller has drained the work or
- * waits for their events). pools_mu held. */
+ * beyond keep bytes, or, with every, all of them, done or not (the caller has drained the work
+ * or waits for their events). pools_mu held. */
 static size_t take_for_release(CUmemoryPool pool, size_t keep, int every, struct block *out,
                                size_t max)
 {
@@ -178,9 +188,6 @@ static void release_cached(CUmemoryPool pool, size_t keep, int every)
     } while (n == RELEASE_BATCH);
 }
 
-/* The completed cached blocks of pool (NULL: every pool) beyond keep bytes. */
-static void release_completed_of(CUmemoryPool pool, size_t keep) { release_cached(pool, keep, 0); }
-static void release_completed(void) { release_cached(NULL, 0, 0); }
 
 /* Releases the completed blocks of pool beyond its release threshold. */
 static void trim_to_threshold(CUmemoryPool pool)
@@ -188,17 +195,21 @@ static void trim_to_threshold(CUmemoryPool pool)
     cuuint64_t threshold = 0;
     CU(CUresult(*)(CUmemoryPool, CUmemPool_attribute, void *), cuMemPoolGetAttribute, pool,
        CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold);
-    release_completed_of(pool, (size_t)threshold);
+    release_cached(pool, (size_t)threshold, 0);
 }
 
 /* A cached block of pool and size usable on stream s now, taken out of the cache. pools_mu held. */
-static int take_cached(CUmemoryPool pool, size_t size, CUstream s, int per_thread, struct block *out)
+static int take_cached(CUmemoryPool pool, size_t size, int dev, CUstream s, int per_thread,
+                       struct block *out)
 {
+    unsigned long long sid = 0; /* asked only once a block of this size is there */
     for (size_t i = 0; i < cache.n; i++) {
         struct block *b = &cache.v[i];
-        if (b->pool != pool || b->size != size)
+        if (b->pool != pool || b->size != size || b->dev != dev)
             continue;
-        if ((b->stream == s && b->per_thread == per_thread) || event_done(b->done)) {
+        if (!sid)
+            sid = stream_id(s, per_thread);
+        if ((sid && b->stream_id == sid) || event_done(b->done)) {
             *out = *b;
             GS_DEL(cache, i);
             return 1;
@@ -223,10 +234,16 @@ static int pools_backed(void)
 static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s,
                         int per_thread, CUresult *result)
 {
+    if (pool) { /* a pool known to be the driver's costs nothing more */
+        pthread_mutex_lock(&pools_mu);
+        struct pool *known = find_pool(pool);
+        int drivers = known && known->dev < 0;
+        pthread_mutex_unlock(&pools_mu);
+        if (drivers)
+            return 1;
+    }
     int dev;
-    if (!dptr || !pools_backed() || bytesize < gs_backing_min() || gs_backing_min() == 0 ||
-        capturing(s, per_thread) ||
-        stream_device(s, &dev))
+    if (capturing(s, per_thread) || stream_device(s, &dev))
         return 1;
     if (!pool && CU(CUresult(*)(CUmemoryPool *, CUdevice), cuDeviceGetMemPool, &pool, dev) != CUDA_SUCCESS)
         return 1;
@@ -235,7 +252,7 @@ static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, C
         return 1;
     pthread_mutex_lock(&pools_mu);
     struct pool *p = pool_of(pool);
-    if (!p || !p->backed || p->dev != dev) {
+    if (p->dev != dev) {
         pthread_mutex_unlock(&pools_mu);
         return 1;
     }
@@ -243,7 +260,7 @@ static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, C
     int n_access = p->n_access;
     memcpy(access, p->access, sizeof(access));
     struct block b;
-    if (take_cached(pool, size, s, per_thread, &b)) {
+    if (take_cached(pool, size, dev, s, per_thread, &b)) {
         gs_lock();
         gs_backing_record(b.va, b.size, b.h, dev, GS_ORIGIN_ASYNC, pool, access, n_access);
         gs_unlock();
@@ -259,7 +276,7 @@ static int backed_alloc(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, C
     CUresult r = gs_backing_alloc(dptr, size, dev, GS_ORIGIN_ASYNC, pool, access, n_access);
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
         /* Blocks cached for other sizes are what a driver pool would have reused: free them. */
-        release_completed();
+        release_cached(NULL, 0, 0);
         r = gs_backing_alloc(dptr, size, dev, GS_ORIGIN_ASYNC, pool, access, n_access);
     }
     if (r != CUDA_SUCCESS)
@@ -289,6 +306,8 @@ static void restore_capture(CUstreamCaptureMode mode)
 static int alloc_async(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool, CUstream s,
                        int per_thread, CUresult *result)
 {
+    if (!dptr || !pools_backed() || gs_backing_min() == 0 || bytesize < gs_backing_min())
+        return 1; /* before any driver call: most allocations of a program are small */
     gs_depth++;
     gs_want_server();
     CUstreamCaptureMode mode = relax_capture();
@@ -343,12 +362,10 @@ static CUevent record_on(CUstream s, int per_thread)
 /* 1 when dptr is not the shim's stream-ordered memory (the driver frees it). */
 static int backed_free(CUdeviceptr dptr, CUstream s, int per_thread, CUresult *result)
 {
-    pthread_mutex_lock(&pools_mu);
     gs_lock();
     struct gs_alloc *a = gs_find_backed_va(dptr);
     int ours = a && a->origin == GS_ORIGIN_ASYNC;
     gs_unlock();
-    pthread_mutex_unlock(&pools_mu);
     if (!ours)
         return 1;
     if (capturing(s, per_thread)) {
@@ -367,25 +384,35 @@ static int backed_free(CUdeviceptr dptr, CUstream s, int per_thread, CUresult *r
             return 0;
         }
     }
-    struct block b = {.stream = s, .per_thread = per_thread, .done = done};
-    int origin;
+    struct block b = {.va = dptr, .stream_id = stream_id(s, per_thread), .done = done};
     pthread_mutex_lock(&pools_mu);
     gs_lock();
     a = gs_find_backed_va(dptr);
-    b.pool = a ? a->pool : NULL;
-    int found = a && gs_backing_forget(dptr, &b.h, &b.size, &origin) == 0;
-    gs_unlock();
+    int found = a && a->origin == GS_ORIGIN_ASYNC;
     if (found) {
-        b.va = dptr;
-        *GS_PUSH(cache) = b;
+        b.dev = a->dev;
+        gs_backing_forget(dptr, &b.h, &b.size, &b.pool);
     }
+    gs_unlock();
+    struct pool *p = found ? find_pool(b.pool) : NULL;
+    int cached = p && p->dev == b.dev; /* else its pool is gone, or a devices map moved it */
+    if (cached)
+        *GS_PUSH(cache) = b;
     pthread_mutex_unlock(&pools_mu);
     if (!found) { /* freed by another thread meanwhile: the driver gives the error */
         if (done)
             CU(CUresult(*)(CUevent), cuEventDestroy_v2, done);
         return 1;
     }
-    trim_to_threshold(b.pool);
+    if (cached) {
+        trim_to_threshold(b.pool);
+    } else {
+        if (done) {
+            CU(CUresult(*)(CUevent), cuEventSynchronize, done);
+            CU(CUresult(*)(CUevent), cuEventDestroy_v2, done);
+        }
+        gs_backing_destroy(b.va, b.size, b.h);
+    }
     *result = CUDA_SUCCESS;
     return 0;
 }
@@ -396,8 +423,8 @@ static int backed_free(CUdeviceptr dptr, CUstream s, int per_thread, CUresult *r
         __typeof__(&name) real = REAL(name);                                                    \
         if (!real)                                                                              \
             return CUDA_ERROR_NOT_FOUND;                                                        \
-        if (gs_depth)                                                                           \
-            return real(dptr, s);                                                               \
+        if (gs_depth || !__atomic_load_n(&gs.n_async, __ATOMIC_RELAXED))                        \
+            return real(dptr, s); /* no stream-ordered memory of the shim's exists */           \
         gs_depth++;                                                                             \
         CUresult r = CUDA_SUCCESS;                                                              \
         CUstreamCaptureMode mode = relax_capture();                                             \
@@ -425,7 +452,7 @@ CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
                  props->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
                  props->location.id >= 0 && props->location.id < GS_MAX_DEV;
     pthread_mutex_lock(&pools_mu);
-    add_pool(*pool, backed ? props->location.id : -1, backed);
+    add_pool(*pool, backed ? props->location.id : -1);
     pthread_mutex_unlock(&pools_mu);
     return r;
 }
@@ -461,7 +488,7 @@ CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
     if (gs_depth)
         return real(pool, minBytesToKeep);
     gs_depth++;
-    release_completed_of(pool, minBytesToKeep); /* as the driver, only memory no work still uses */
+    release_cached(pool, minBytesToKeep, 0); /* as the driver, only memory no work still uses */
     CUresult r = real(pool, minBytesToKeep);
     gs_depth--;
     return r;
@@ -478,15 +505,8 @@ CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *ma
     gs_depth++;
     pthread_mutex_lock(&pools_mu);
     struct pool *p = pool_of(pool);
-    if (p && p->backed) {
-        /* The pool's record keeps the merged list for blocks made later (a map of one entry). */
-        struct gs_map merged;
-        memset(&merged, 0, sizeof(merged));
-        merged.n_access = p->n_access;
-        memcpy(merged.access, p->access, sizeof(p->access));
-        gs_merge_access(&merged, map, count);
-        p->n_access = merged.n_access;
-        memcpy(p->access, merged.access, sizeof(p->access));
+    if (p->dev >= 0) {
+        gs_merge_access_list(p->access, &p->n_access, map, count); /* for blocks made later */
         for (size_t i = 0; i < cache.n; i++)
             if (cache.v[i].pool == pool)
                 REAL(cuMemSetAccess)(cache.v[i].va, cache.v[i].size, map, count);
@@ -518,7 +538,7 @@ CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *ha
     CUresult r = real(pool, handle, type, flags);
     if (r == CUDA_SUCCESS && !gs_depth && pool) {
         pthread_mutex_lock(&pools_mu);
-        add_pool(*pool, -1, 0); /* its memory is the exporter's: never the shim's */
+        add_pool(*pool, -1); /* its memory is the exporter's: never the shim's */
         pthread_mutex_unlock(&pools_mu);
         gs_lock();
         gs.n_pool_imports++;

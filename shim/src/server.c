@@ -39,8 +39,6 @@
 #define GS_REPLY_TIMEOUT_MS 5000
 #define GS_REFUSE_DRAIN 16 /* records read from a refused client, at most */
 
-_Static_assert(GS_REPLY_MAX_FDS <= GS_MAX_SEND_FDS, "a reply's fds must fit one record");
-
 static pthread_mutex_t ctl_mu = PTHREAD_MUTEX_INITIALIZER;
 static pid_t server_pid; /* pid the running server was started for */
 static int listen_fd = -1;

@@ -84,27 +84,34 @@ struct gs_alloc *gs_find_backed_va(CUdeviceptr va)
 
 /* cuMemSetAccess changes only the locations it names: PROT_NONE removes one, anything else adds
  * or replaces it. */
-void gs_merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count)
+int gs_merge_access_list(CUmemAccessDesc *list, int *n, const CUmemAccessDesc *desc, size_t count)
 {
+    int overflow = 0;
     for (size_t i = 0; i < count; i++) {
         int j;
-        for (j = 0; j < m->n_access; j++)
-            if (m->access[j].location.type == desc[i].location.type &&
-                m->access[j].location.id == desc[i].location.id)
+        for (j = 0; j < *n; j++)
+            if (list[j].location.type == desc[i].location.type &&
+                list[j].location.id == desc[i].location.id)
                 break;
         if (desc[i].flags == CU_MEM_ACCESS_FLAGS_PROT_NONE) {
-            if (j < m->n_access)
-                m->access[j] = m->access[--m->n_access];
-        } else if (j < m->n_access) {
-            m->access[j].flags = desc[i].flags;
-        } else if (m->n_access < GS_MAX_ACCESS) {
-            m->access[m->n_access++] = desc[i];
+            if (j < *n)
+                list[j] = list[--*n];
+        } else if (j < *n) {
+            list[j].flags = desc[i].flags;
+        } else if (*n < GS_MAX_ACCESS) {
+            list[(*n)++] = desc[i];
         } else {
-            m->access_overflow = 1;
+            overflow = 1;
         }
     }
+    return overflow;
 }
 
+void gs_merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count)
+{
+    if (gs_merge_access_list(m->access, &m->n_access, desc, count))
+        m->access_overflow = 1;
+}
 
 struct gs_import *gs_find_import_h(CUmemGenericAllocationHandle h)
 {
@@ -189,7 +196,16 @@ static int mapped(int kind, uint64_t id)
     return 0;
 }
 
-static void forget_exports(int kind, uint64_t id)
+void gs_forget_maps(CUdeviceptr va, size_t size)
+{
+    for (size_t i = 0; i < gs.maps.n;)
+        if (gs.maps.v[i].va >= va && gs.maps.v[i].va - va < size)
+            GS_DEL(gs.maps, i);
+        else
+            i++;
+}
+
+void gs_forget_exports(int kind, uint64_t id)
 {
     for (size_t i = 0; i < gs.exports.n;)
         if (gs.exports.v[i].kind == kind && gs.exports.v[i].obj_id == id) {
@@ -205,7 +221,7 @@ void gs_collect(void)
     for (size_t i = 0; i < gs.allocs.n;) {
         struct gs_alloc *a = &gs.allocs.v[i];
         if (a->origin == GS_ORIGIN_CUMEM && a->app_released && !mapped(GS_OBJ_ALLOC, a->id)) {
-            forget_exports(GS_OBJ_ALLOC, a->id); /* the id dies with its allocation */
+            gs_forget_exports(GS_OBJ_ALLOC, a->id); /* the id dies with its allocation */
             GS_DEL(gs.allocs, i);
         } else {
             i++;
@@ -229,7 +245,7 @@ void gs_collect(void)
         for (size_t j = 0; j < gs.mcbinds.n; j++)
             bound |= gs.mcbinds.v[j].mc_id == mc->id;
         if (mc->app_released && !mapped(GS_OBJ_MCAST, mc->id) && !bound) {
-            forget_exports(GS_OBJ_MCAST, mc->id);
+            gs_forget_exports(GS_OBJ_MCAST, mc->id);
             GS_DEL(gs.mcasts, i);
         } else {
             i++;

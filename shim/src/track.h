@@ -154,6 +154,7 @@ struct gs_state {
     int n_foreign_ipc_exports;
     int n_untracked_exports;
     int n_pool_imports; /* pools imported from other processes: a checkpoint refuses them */
+    int n_async;        /* allocations of origin ASYNC (atomic): 0 lets a free skip the lookup */
     char last_untracked[256];
 };
 
@@ -186,10 +187,13 @@ struct gs_map *gs_find_map_at(CUdeviceptr va); /* the mapping containing va */
 struct gs_lazy_ipc *gs_find_lazy_ipc(CUdeviceptr va); /* the lazy IPC record containing va */
 /* What a handle the app holds refers to (alloc, import, multicast object or retained alias). */
 int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id);
+/* Forget the mappings inside [va, va+size); the export dups of object (kind, id), closed. */
+void gs_forget_maps(CUdeviceptr va, size_t size);
+void gs_forget_exports(int kind, uint64_t id);
 /* Forget objects the app released that nothing maps any more; close their export dups. */
 void gs_collect(void);
 /* What a checkpoint must refuse (CUDA IPC imports of foreign memory, imports without a known
- * exporter), joined in out. Returns how many kinds; call with the lock held. */
+ * exporter, pools imported from another process), joined in out. Returns how many kinds; call with the lock held. */
 #define GS_UNTRACKED_LEN 320
 #define GS_UNTRACKED_MAX 4
 int gs_untracked(char *out, size_t outlen);
@@ -198,6 +202,8 @@ int gs_untracked_list(char msgs[GS_UNTRACKED_MAX][GS_UNTRACKED_LEN]);
 /* cuMemSetAccess changes only the locations it names: PROT_NONE removes one, anything else adds
  * or replaces it; m keeps the merged list. */
 void gs_merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count);
+/* The same on a list of *n (at most GS_MAX_ACCESS) entries; 1 when a location did not fit. */
+int gs_merge_access_list(CUmemAccessDesc *list, int *n, const CUmemAccessDesc *desc, size_t count);
 /* Anything released by the suspend commands (an allocation, import, mapping or host buffer). */
 int gs_anything_dropped(void);
 /* The device an import's memory lives on: the first device its mappings give access to, else 0
