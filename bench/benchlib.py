@@ -343,12 +343,8 @@ class Driver:
         err, = cu.cuInit(0)
         if err != cu.CUresult.CUDA_SUCCESS:
             raise RuntimeError(f"cuInit: {err.name}")
-        try:
-            from criu_gpushare.engine.steps import driver_lock
-            self.lock = driver_lock
-        except Exception:  # the package is not importable: nothing to serialise with
-            import contextlib
-            self.lock = contextlib.nullcontext
+        from criu_gpushare.gpu.checkpoint_api import DriverLock  # the tool's own node-wide lock
+        self.lock = DriverLock
         self.hung = False
 
     def _one(self, op, pid, lock_timeout_ms):

@@ -40,6 +40,7 @@ class DriverError(Error):
     """CUDA driver: {}"""
 
     exit_code = 4
+    result = None  # the CUresult's name, when the error is a driver call's (gpu/driver.check)
 
 
 class ProcessError(Error):

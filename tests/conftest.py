@@ -15,7 +15,7 @@ if _TESTS_DIR not in sys.path:
 
 from fakecuda.build import build_fake_driver  # noqa: E402
 
-# Keep NVLink multicast off in every process a test starts (DESIGN.md section 6).
+# Keep NVLink multicast off in every process a test starts (README, "Development").
 NO_MULTICAST_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",

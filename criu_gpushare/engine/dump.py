@@ -40,13 +40,12 @@ def cuda_pids(root_pid):
 
 
 class DumpJob:
-    def __init__(self, root_pid, images_dir, store, verify=True, timeout_s=60.0, report=print):
+    def __init__(self, root_pid, images_dir, store, verify=True, report=print):
         self.root_pid, self.images_dir = root_pid, images_dir
         self.pids = sorted(process_tree(root_pid))  # before any fork: the group's key is min(pids)
         self.report = report
         self.ref = f"dump-{root_pid}-{time.strftime('%Y%m%dT%H%M%S')}"
-        self.options = Options(store=store, timeout_s=timeout_s, ref=self.ref, verify=verify,
-                               hold_kind="dump")
+        self.options = Options(store=store, ref=self.ref, verify=verify, hold_kind="dump")
         self.journal = self.group = None
         self.completed = False
 
@@ -66,8 +65,7 @@ class DumpJob:
             self.group.discover()
             manifest_id = None
             if self.group.has_gpu_state:
-                self.journal.set(group=self.group.state())
-                Runner(self.group, self.journal).run(CRIU_PRE_DUMP, verb="dump")
+                Runner(self.group, self.journal).run(CRIU_PRE_DUMP, verb="dump")  # records the group
                 manifest_id = self.group.manifest_id
             nspids = {p: control.ns_pid(p) for p in pids}
             gpus = gpu_inventory() if self.group.has_gpu_state else []

@@ -11,7 +11,7 @@ import os
 from ..errors import ShimError
 from ..shimctl import client as control
 
-MAX_BATCH = 32  # control.MAX_FDS: the fds one reply carries
+MAX_BATCH = control.MAX_FDS  # the fds one reply carries
 
 
 class Exports:

@@ -77,7 +77,7 @@ def ask(key, cmd, on_progress=print, **fields):
 
 
 class Work:
-    """What a holder runs (engine/suspension.py, engine/dump.py implement it)."""
+    """What a holder runs (engine/suspension.py's SuspendWork, hook/main.py's dump work)."""
 
     key = 0
     pids = ()

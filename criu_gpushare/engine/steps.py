@@ -1,13 +1,15 @@
 """The steps that take a group's GPU state out and bring it back, each one function, and the lists
 they are run in (by engine/runner.py, which records them and rolls back).
 
-Out (DESIGN.md section 3, steps 1-5; CRIU's pre-dump adds vacate and unfreeze, CRIU_PRE_DUMP):
+Out (IN_PLACE; CRIU's pre-dump adds vacate and unfreeze, CRIU_PRE_DUMP):
   quiesce   every shim closes its launch gate, drains, closes its memory gate, drains (sequentially;
-            a busy shim makes every gate reopen, and the whole quiesce is retried until the timeout)
+            a busy shim makes every gate reopen, and the whole quiesce is retried until the timeout);
+            then the plan is made again, as the group's memory is now
   save      every unit of GPU memory (engine/plan.py) is exported by its owner's shim as a POSIX fd,
             imported into this process and streamed to the chunk store; a manifest and a ref are
             committed (durable) before anything is dropped
-  release   every shim drops its imports, then its own memory (VA reservations kept), unregisters
+  release   once every shim is seen to hold exactly the memory saved (else the suspend rolls back),
+            every shim drops its imports, then its own memory (VA reservations kept), unregisters
             host memory
   void      exported fds the applications still hold are pointed at /dev/null (they would pin the
             dropped memory, and CRIU cannot dump them)
@@ -109,8 +111,7 @@ class Group:
         """Read every process's shim and driver state and make the plan; refuse, before anything
         changes, what cannot be handled (engine/plan.py)."""
         self.members = plan.discover(self.pids)
-        plan.check(self.members)
-        self.units, self.attachments = plan.make_plan(self.members)
+        self._plan()
         from ..gpu.driver import gpus
         self.gpus = [uuid for _, _, uuid in gpus()] if self.pids_with_cuda() else []
 
@@ -162,9 +163,9 @@ class Group:
     def pids_with_cuda(self):
         return [m.pid for m in self.members if m.cuda]
 
-    def _each_shim(self, cmd, pids=None, **fields):
+    def _each_shim(self, cmd, **fields):
         """Send cmd to each shim in turn; the first failure raises (naming the pid)."""
-        for pid in self.shim_pids if pids is None else pids:
+        for pid in self.shim_pids:
             control.request(pid, cmd, timeout=600, **fields)
 
     def step(self, name):
@@ -201,6 +202,9 @@ class Group:
         for m in self.members:
             if m.status is not None:
                 m.status = control.status(m.pid)
+        self._plan()
+
+    def _plan(self):
         plan.check(self.members)
         self.units, self.attachments = plan.make_plan(self.members)
 
@@ -429,8 +433,8 @@ class Group:
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
-    def summary(self, what, stats=None):
-        s = stats or self.stats
+    def summary(self, what):
+        s = self.stats
         return {"state": what, "pids": self.pids, "ref": self.options.ref,
                 "seconds": {k: round(v, 3) for k, v in self.times.items()},
                 "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,

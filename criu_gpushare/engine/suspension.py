@@ -1,6 +1,5 @@
 """Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and `resume`, which
 asks the holder when it lives and otherwise finishes the work from the journal in this process."""
-import os
 
 from ..errors import GroupHeld, ProcessError
 from . import holder, journal as jn
@@ -28,8 +27,7 @@ class SuspendWork(holder.Work):
             if not self.group.has_gpu_state:
                 raise NothingToSuspend(", ".join(map(str, self.pids)), "has no CUDA state: nothing "
                                        "to suspend (nothing was changed)")
-            self.journal.set(group=self.group.state())
-            Runner(self.group, self.journal).run(IN_PLACE)
+            Runner(self.group, self.journal).run(IN_PLACE)  # records the group before each step
         except GroupHeld as e:
             self.journal.set(state=jn.HELD, error=str(e))
             raise
@@ -40,9 +38,6 @@ class SuspendWork(holder.Work):
         return self.group.summary("suspended"), True
 
     def handle(self, cmd, fields, report):
-        if cmd == "status":
-            return {"state": self.journal.state, "holder": os.getpid(), "pids": self.pids,
-                    "done": list(self.group.done), "ref": self.options.ref}, True
         if cmd == "resume":
             self.group.report = report
             self.group.options.gpu_map = fields.get("gpu_map") or None

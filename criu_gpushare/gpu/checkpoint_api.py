@@ -59,7 +59,7 @@ def state_if_initialized(pid):
     try:
         return state(pid)
     except DriverError as e:
-        if getattr(e, "result", "") == "CUDA_ERROR_NOT_INITIALIZED":
+        if e.result == "CUDA_ERROR_NOT_INITIALIZED":
             return None
         raise
 

@@ -247,16 +247,20 @@ class CopyEngine:
         ids = self.hasher(device).chunk_ids(ptr, allocation.size, self.chunk_size, stream)
         off = 0
         for chunk, got in zip(allocation.chunks, ids):
+            dst, off = int(ptr) + off, off + chunk.length
             want = chunk.id if not chunk.is_zero else zero_chunk_id(chunk.length)
-            if got != want:
+            if got == want:
+                continue
+            if chunk.is_zero:  # nothing stored: zero it again
+                drv.check(cu.cuMemsetD8(dst, 0, chunk.length), f"zero a chunk of {allocation.key}")
+            else:
                 buf = self._ring[0].view[:chunk.length]
                 self.store.get(chunk.id, buf, verify=True)  # raises for a damaged chunk
-                drv.check(cu.cuMemcpyHtoD(int(ptr) + off, self._ring[0].ptr, chunk.length),
+                drv.check(cu.cuMemcpyHtoD(dst, self._ring[0].ptr, chunk.length),
                           f"reload a chunk of {allocation.key}")
-                if self.hasher(device).hash_region(int(ptr) + off, chunk.length, stream) != want:
-                    raise DriverError(f"{allocation.key}: chunk {want} reads back wrong from GPU "
-                                      "memory after a reload")
-            off += chunk.length
+            if self.hasher(device).hash_region(dst, chunk.length, stream) != want:
+                raise DriverError(f"{allocation.key}: chunk {want} reads back wrong from GPU "
+                                  "memory after a reload")
 
     def load(self, allocation, ptr, device):
         """Copy a manifest Allocation's bytes from the store to device pointer `ptr`; CopyStats."""

@@ -44,8 +44,9 @@ def check(result, what):
     cu = driver()
     err, *values = result
     if err != cu.CUresult.CUDA_SUCCESS:
-        error = DriverError(f"{what}: {error_name(cu, err)}")
-        error.result = error_name(cu, err)  # e.g. "CUDA_ERROR_NOT_INITIALIZED", for callers to test
+        name = error_name(cu, err)
+        error = DriverError(f"{what}: {name}")
+        error.result = name  # e.g. "CUDA_ERROR_NOT_INITIALIZED", for callers to test
         raise error
     if not values:
         return None

@@ -80,8 +80,6 @@ class _DumpWork(holder.Work):
             self.job.set_report(report)
             self.job.complete()
             return {"completed": True}, True
-        if cmd == "status":
-            return {"state": self.job.journal.state, "holder": os.getpid()}, True
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
 

@@ -146,8 +146,9 @@ def _collect(store, grace_s, dry_run, before_condemn):
             cutoff = min(cutoff, min(lease.started_ns for lease in live))
         report.cutoff_ns = cutoff
 
-        # Holds: stale ones go; the manifest a live hold recorded is a root like a ref (so a
-        # held checkpoint survives even a ref removed behind the tool's back). Refs themselves
+        # Holds: stale ones go; the manifest a live hold recorded is a root like a ref. The tool
+        # takes its holds before it commits the ref, so they record none: what protects its
+        # checkpoints is the ref, which `store rm` refuses to delete while held. Refs themselves
         # are never removed by gc.
         swept = holds.sweep(store, run.now_ns, dry_run)
         report.live_holds, report.stale_holds_removed = len(swept.live), swept.stale_removed

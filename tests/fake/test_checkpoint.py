@@ -1,5 +1,5 @@
 """The checkpoint API of the fake driver across processes, with the real driver's behaviour
-(DESIGN.md section 1): lock, checkpoint, restore, unlock, and what a process that shares memory
+(tests/probes/README.md): lock, checkpoint, restore, unlock, and what a process that shares memory
 gets from a restore."""
 from __future__ import annotations
 

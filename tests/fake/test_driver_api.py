@@ -1,4 +1,4 @@
-"""cuda-python (cuda.bindings.driver) against the fake driver, one test per area of DESIGN.md section 6.
+"""cuda-python (cuda.bindings.driver) against the fake driver, one test per area of the fake (tests/fakecuda/README.md).
 
 Each test runs a short program in a subprocess with the fake on LD_LIBRARY_PATH; the program
 asserts and prints PASS at the end.

@@ -1,5 +1,5 @@
 /* The checkpoint API across processes (cuCheckpointProcess*), with the real driver's behaviour as
- * measured (DESIGN.md section 1):
+ * measured (tests/probes/README.md):
  *
  * Every process that called cuInit runs a restore thread that listens on an abstract unix socket
  * named after the state directory and its pid; the calling process sends it one request per call

@@ -37,7 +37,7 @@ print(f"{n} device(s), CUDA driver API {v}")
 
 
 def gpu_env():
-    """os.environ with NVLink multicast kept off (DESIGN.md section 6)."""
+    """os.environ with NVLink multicast kept off (README, "Development")."""
     env = dict(os.environ)
     env.update(NO_MULTICAST_ENV)
     return env

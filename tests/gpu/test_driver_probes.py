@@ -1,4 +1,4 @@
-"""The driver facts of DESIGN.md section 1, probed on the real GPU (one test per row).
+"""The driver facts of tests/probes/README.md, probed on the real GPU (one test per row).
 
 The probe programs are those of tests/probes/, which test_probes_fake.py runs against the fake
 driver. Each test bounds itself (pytest-timeout plus timeouts on every wait and subprocess) and its
@@ -23,7 +23,7 @@ THROUGHPUT_MIB = 4096      # driver checkpoint/restore in place
 PARALLEL_MIB = 2048        # each of two processes checkpointed from threads of one process
 TOOL_MIB = 4096            # tool-process import + copy-out + hash
 PINNED_MIB = 1024
-PCIE_CEILING_GBPS = 55.0   # pinned copies each way on the H200 (DESIGN.md section 1)
+PCIE_CEILING_GBPS = 55.0   # pinned copies each way on the H200 (tests/probes/README.md)
 
 STEP = {op: index for index, op in enumerate(IMPORTER_CYCLE)}
 
@@ -215,7 +215,7 @@ def test_checkpoint_calls_at_once_from_threads_of_one_process(probes):
 def test_checkpoint_calls_at_once_from_two_processes_hang():
     """Two processes calling the checkpoint API at once: never run here."""
     pytest.skip("never run on a GPU: two processes calling cuCheckpointProcess* at once hang the "
-                "real driver (calls never return and ignore SIGTERM; DESIGN.md section 1) and can "
+                "real driver (calls never return and ignore SIGTERM; tests/probes/README.md) and can "
                 "wedge the machine; tests/probes/test_probes_fake.py checks that the fake driver "
                 "detects it")
 

@@ -1,4 +1,4 @@
-"""The probe sequences behind DESIGN.md section 1, shared by the fake-driver and the GPU tests.
+"""The probe sequences behind the driver facts (tests/probes/README.md), shared by the fake-driver and the GPU tests.
 
 Each function drives probe programs through a ProbeSession and returns what it saw; the tests
 assert. The expected driver answers are named here once (DRIVER_FACTS), so that the fake driver's
@@ -12,7 +12,7 @@ SUCCESS = "CUDA_SUCCESS"
 CHECKPOINTED = "CU_PROCESS_STATE_CHECKPOINTED"
 RUNNING = "CU_PROCESS_STATE_RUNNING"
 
-# What the driver answers (H200, driver 580.159.04; DESIGN.md section 1).
+# What the driver answers (H200, driver 580.159.04; tests/probes/README.md).
 DRIVER_FACTS = {
     "ipc_importer_restore": "CUDA_ERROR_INVALID_VALUE",
     "fd_importer_restore": "CUDA_ERROR_NOT_SUPPORTED",

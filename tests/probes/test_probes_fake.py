@@ -2,7 +2,7 @@
 
 tests/gpu/test_driver_probes.py runs the same probe programs and the same sequences
 (probe_scenarios.py) on the H200; here they check that the fake driver models the facts of
-DESIGN.md section 1 that the product relies on. Where the fake deliberately differs, the test says
+tests/probes/README.md lists, which the product relies on. Where the fake deliberately differs, the test says
 so. Sizes are small: the facts do not depend on size, and rates on the fake mean nothing.
 """
 from __future__ import annotations
