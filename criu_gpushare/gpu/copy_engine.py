@@ -146,16 +146,12 @@ class CopyEngine:
             self._hashers[device] = None
             hasher.close()
             return none, none
-        store = getattr(self.store, "store", self.store)  # a WriteSession's Store, or the Store
-        chunk_dir = getattr(store, "chunks", None)
         known = []
         for cid, (_, length) in zip(ids, chunks):
             if cid == zero_chunk_id(length):
                 known.append(PutResult(None, length, PutStatus.ZERO))
-            elif chunk_dir is not None and _claim_present(chunk_dir, cid, length):
-                known.append(PutResult(cid, length, PutStatus.PRESENT))
-            else:
-                known.append(None)
+            else:  # present in the store (refreshed as a PRESENT put), or None: to be copied
+                known.append(self.store.claim_present(cid, length))
         return ids, known
 
     def save(self, key, ptr, size, device, meta=None):
@@ -372,14 +368,6 @@ def _raise_failed(futures):
     for f in futures:
         if f is not None and f.done() and not f.cancelled() and f.exception() is not None:
             raise f.exception()
-
-
-def _claim_present(chunk_dir, cid, length):
-    """Whether the store holds chunk `cid` with `length` bytes, refreshing its mtime if so: what
-    Store.put does for a chunk already present (FORMAT.md section 3; gc's grace rule, section 8,
-    needs the refresh). A failed refresh means gc took it meanwhile: absent, to be written anew."""
-    st = chunk_dir.stat(cid)
-    return st is not None and st.st_size == length and chunk_dir.touch(cid)
 
 
 def _check_same_id(key, off, gpu_id, result):

@@ -59,7 +59,14 @@ class WriteSession:
 
     def put(self, data):
         """Store.put under this lease; updates the session's counters."""
-        result = self.store.put(data)
+        return self._count(self.store.put(data))
+
+    def claim_present(self, cid, length):
+        """Store.claim_present under this lease, counted like a PRESENT put."""
+        result = self.store.claim_present(cid, length)
+        return None if result is None else self._count(result)
+
+    def _count(self, result):
         now = time.monotonic()
         with self._lock:
             self.bytes[result.status] += result.length

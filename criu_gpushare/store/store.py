@@ -136,14 +136,24 @@ class Store:
         if cid == zero_chunk_id(n):
             return PutResult(None, n, PutStatus.ZERO)
         with self._writing(cid):
-            st = self.chunks.stat(cid)
-            if st is not None and st.st_size == n and self.chunks.touch(cid):
-                return PutResult(cid, n, PutStatus.PRESENT)
+            present = self.claim_present(cid, n)
+            if present is not None:
+                return present
             # A present file of the wrong size is damaged (e.g. truncated by hand): replace it.
+            st = self.chunks.stat(cid)
             damaged = st is not None and st.st_size != n
             if self.chunks.write(cid, view, self.path, replace=damaged):
                 return PutResult(cid, n, PutStatus.NEW)
             return PutResult(cid, n, PutStatus.PRESENT)  # another process wrote it meanwhile
+
+    def claim_present(self, cid, length):
+        """A PRESENT PutResult when chunk `cid` is stored with `length` bytes, its mtime refreshed
+        as put does (gc's grace counts from now); None when it must be written. For callers that
+        know a chunk's id without its bytes (the copy engine's GPU hash)."""
+        st = self.chunks.stat(cid)
+        if st is not None and st.st_size == length and self.chunks.touch(cid):
+            return PutResult(cid, length, PutStatus.PRESENT)
+        return None
 
     @contextlib.contextmanager
     def _writing(self, cid):
