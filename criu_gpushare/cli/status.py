@@ -10,6 +10,7 @@ import json
 import click
 
 from ..engine import journal as jn
+from ..engine.freezer import group_stopped
 from ..shimctl import client as control
 from ..errors import Error
 
@@ -91,12 +92,31 @@ def _show(pid, st):
         out(f"  note: {n}")
 
 
+def _show_stopped(pid, journal, as_json):
+    """A process criu-gpushare left stopped (SIGSTOP) because its GPU state is not back yet."""
+    info = {"pid": pid, "stopped": True, "kind": journal.kind, "state": journal.state,
+            "group": journal.key, "done": journal.done, "error": journal.data.get("error")}
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"pid {pid}: stopped by criu-gpushare: its GPU state is not back yet, and none of "
+               f"its threads runs until it is")
+    click.echo(f"  {journal.state} ({journal.kind} of group {journal.key}, steps begun: "
+               f"{', '.join(journal.done) or 'none'}): `criu-gpushare resume {pid}` brings it back")
+    if info["error"]:
+        click.echo(f"  last error: {info['error']}")
+
+
 @click.command()
 @click.argument("pid", type=int, required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the shim's status reply as JSON.")
 def status(pid, as_json):
     """Show what the shim tracks in process PID (all shim processes if PID is left out)."""
     if pid is not None:
+        journal = _journal(pid)
+        if journal is not None and group_stopped(pid):
+            _show_stopped(pid, journal, as_json)  # its shim's thread is stopped too: no answer
+            return
         st = control.status(pid)
         if as_json:
             click.echo(json.dumps(st, indent=2))

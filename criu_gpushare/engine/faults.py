@@ -1,8 +1,9 @@
 """Fault injection for tests, as CRIU's --fault: CRIU_GPUSHARE_FAULT=<point>[:kill].
 
 A point is a step name (the fault fires right after the step did its work, so its undo runs
-exactly as after a real failure), "copy" (inside save, after the first unit is in the store) or
-"post-dump" (a dump marked complete at CRIU's post-dump).
+exactly as after a real failure), "copy" (inside save, after the first unit is in the store),
+"driver-restore" (inside restore, in place of the driver's restore call) or "post-dump" (a dump
+marked complete at CRIU's post-dump).
 `<point>` raises the tool's error there; `<point>:kill` SIGKILLs this process there, as a crash
 would; `<point>:bug` raises an exception that is not the tool's (as a bug would). With
 CRIU_GPUSHARE_TEST_KILL_AT_FAULT=PID, process PID is SIGKILLed there first (a member crashing).

@@ -11,10 +11,20 @@ at detach; the others stay pending in the kernel (stopped threads do not take th
 
 ptrace ties a tracee to the tracer *thread*: every method of one Freezer must be called from the
 same thread of this process, and the freeze lasts only as long as this process lives.
+
+Across CRIU the freeze cannot last (CRIU must seize the tasks itself, and the tool may exit), so
+the tool hands the process over *stopped*: `hand_over` queues SIGSTOP while every thread is still
+frozen, then lets go; each thread meets the pending stop before it returns to user space, so no
+application code runs between our freeze and CRIU's seize. CRIU dumps stopped tasks as stopped and
+restores them stopped (also when it leaves them running after a failed or --leave-running dump).
+`take_back` is the way back: freeze every thread but the spared ones, then SIGCONT, so that only
+the driver's restore thread and the shim's threads run until the driver restore is done.
 """
 import ctypes
 import errno
 import os
+import signal
+import time
 
 from ..errors import ProcessError
 
@@ -42,6 +52,42 @@ def thread_ids(pid):
         return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
     except FileNotFoundError as e:
         raise ProcessError(pid, "no such process") from e
+
+
+def ns_tid(pid, tid):
+    """tid as the process sees it in its own pid namespace (what CRIU restores), or None."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except OSError:
+        return None
+    return tid
+
+
+def tid_of_ns_tid(pid, nstid):
+    """The thread of pid (as seen here) whose tid in its own namespace is nstid, or None."""
+    for tid in thread_ids(pid):
+        if ns_tid(pid, tid) == nstid:
+            return tid
+    return None
+
+
+def _thread_state(pid, tid):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def group_stopped(pid):
+    """Every thread of pid is in a group stop (SIGSTOP), none traced or running."""
+    try:
+        return all(_thread_state(pid, t) in ("T", None) for t in thread_ids(pid))
+    except ProcessError:
+        return False
 
 
 def thread_name(pid, tid):
@@ -123,6 +169,33 @@ class Freezer:
             self._forget(tid)
         if errors:
             raise ProcessError(pid if pid is not None else "?", "cannot restart " + ", ".join(errors))
+
+    def hand_over(self, pid, timeout_s=10.0):
+        """Leave pid stopped (SIGSTOP) instead of frozen: it stays stopped once this process lets go
+        or exits, and CRIU dumps and restores it stopped. Waits until every thread has stopped."""
+        try:
+            os.kill(pid, signal.SIGSTOP)  # pending until each frozen thread is let go below
+        except ProcessLookupError:
+            self.thaw(pid)
+            raise ProcessError(pid, "exited while its GPU state was checkpointed") from None
+        self.thaw(pid)
+        deadline = time.monotonic() + timeout_s
+        while not group_stopped(pid):
+            if time.monotonic() > deadline:
+                raise ProcessError(pid, f"did not stop within {timeout_s:g}s of SIGSTOP")
+            time.sleep(0.002)
+
+    def take_back(self, pid, spare_tids=()):
+        """The way back from hand_over: freeze every thread of pid but spare_tids and the shim's,
+        then SIGCONT, so that only the spared threads run. A pid that is not stopped (an image made
+        before stops were used, a retry) is only frozen; SIGCONT changes nothing for it."""
+        if not self.frozen_threads(pid):
+            self.freeze(pid, spare_tids)
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            self.thaw(pid)
+            raise ProcessError(pid, "no such process") from None
 
     def frozen_threads(self, pid):
         return sorted(t for t, p in self.owner.items() if p == pid)

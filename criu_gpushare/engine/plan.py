@@ -114,6 +114,7 @@ def remap_state(state, pids):
         return pids.get(pid, pid)
     return dict(state,
                 pids=sorted(p(x) for x in state["pids"]),
+                restore_tids={str(p(int(k))): t for k, t in state.get("restore_tids", {}).items()},
                 members=[dict(m, pid=p(m["pid"])) for m in state["members"]],
                 units=[dict(u, owner=p(u["owner"]), origin=[p(u["origin"][0]), u["origin"][1]])
                        for u in state["units"]],

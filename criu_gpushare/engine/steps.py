@@ -1,7 +1,7 @@
 """The steps that take a group's GPU state out and bring it back, each one function, and the lists
 they are run in (by engine/runner.py, which records them and rolls back).
 
-Out (IN_PLACE; CRIU's pre-dump adds vacate and unfreeze, CRIU_PRE_DUMP):
+Out (IN_PLACE; CRIU's pre-dump adds vacate and stop, CRIU_PRE_DUMP):
   quiesce   every shim closes its launch gate, drains, closes its memory gate, drains (sequentially;
             a busy shim makes every gate reopen, and the whole quiesce is retried until the timeout);
             then the plan is made again, as the group's memory is now
@@ -18,11 +18,14 @@ Out (IN_PLACE; CRIU's pre-dump adds vacate and unfreeze, CRIU_PRE_DUMP):
             (before the checkpoint unmaps memory those threads could touch)
   checkpoint cuCheckpointProcessCheckpoint of every pid at once
   vacate    (CRIU only) no process still holds a /dev/nvidia* file or mapping: CRIU could not dump it
-  unfreeze  (CRIU only) the threads let go, for CRIU to seize
+  stop      (CRIU only) the frozen processes handed over stopped (SIGSTOP, then let go): no thread
+            of theirs runs again before the driver restore, whatever CRIU does in between (it dumps
+            and restores them stopped, and leaves them stopped when they run on)
 Back (UNDO: each runs when the step it undoes was begun):
-  restore   threads that run again (after CRIU, or a dead holder) frozen again; then
+  restore   stopped processes taken back (every thread frozen but the driver's restore thread and
+            the shim's, then SIGCONT); threads that run again (a dead holder) frozen again; then
             cuCheckpointProcessRestore of every CHECKPOINTED pid at once (GPU map by UUID); a failure
-            leaves every pid as it is, and resume can be retried
+            leaves every pid as it is (after CRIU: stopped again), and resume can be retried
   unlock    only once every pid is restored, so no process runs without its peers
   thaw      CPU threads restarted (nothing they touch is unmapped any more; their GPU work stays
             held at the gates until reopen); signals that arrived meanwhile are delivered
@@ -48,17 +51,18 @@ from ..store.store import Store
 from . import plan
 from .exports import Exports, export_one
 from .faults import fault_point
-from .freezer import Freezer
+from .freezer import Freezer, ns_tid, tid_of_ns_tid
 
 QUIESCE_RETRY_S = 0.25
 
 # The step lists (run by engine/runner.py).
 IN_PLACE = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint")
 # CRIU seizes the tasks itself, but only after pre-dump returns: the threads are frozen around the
-# driver checkpoint (the long call that unmaps what they could touch) and let go just before CRIU
-# takes them; the way back freezes them again before the driver restore (see _restore).
+# driver checkpoint (the long call that unmaps what they could touch) and handed over stopped, so
+# that none runs between our freeze and CRIU's seize, nor between CRIU's restore and ours (JAX's
+# runtime threads crash in that window); the way back takes them again (see _restore).
 CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint", "vacate",
-                 "unfreeze")
+                 "stop")
 # Resume and rollback: (step whose effect it undoes, undo step), in the order they run. An undo runs
 # when the step it undoes is recorded as done (begun).
 UNDO = (("checkpoint", "restore"),
@@ -105,6 +109,7 @@ class Group:
         self.times = {}
         self.gpus = []
         self.manifest_id = None
+        self.restore_tids = {}    # pid -> its driver restore thread, as a tid in its own namespace
         self._device_map = None
 
     def discover(self):
@@ -123,6 +128,7 @@ class Group:
 
     def state(self):
         return {"pids": self.pids, "gpus": self.gpus, "done": list(self.done),
+                "restore_tids": {str(p): t for p, t in self.restore_tids.items()},
                 "members": [plan.member_state(m) for m in self.members],
                 "units": [plan.unit_state(u) for u in self.units],
                 "attachments": [plan.attachment_state(a) for a in self.attachments]}
@@ -132,6 +138,7 @@ class Group:
         group = cls(state["pids"], options, report)
         group.gpus = state["gpus"]
         group.done = list(state["done"])
+        group.restore_tids = {int(p): t for p, t in state.get("restore_tids", {}).items()}
         group.members = [plan.member_from_state(m) for m in state["members"]]
         group.units = [plan.unit_from_state(u) for u in state["units"]]
         by_key = {u.key: u for u in group.units}
@@ -175,7 +182,7 @@ class Group:
                 "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
                 "thaw": self.freezer.thaw, "recreate": self._recreate, "load": self._load,
                 "attach": self._attach, "reopen": lambda: self._each_shim("resume"),
-                "vacate": self._check_vacated, "unfreeze": self.freezer.thaw}[name]
+                "vacate": self._check_vacated, "stop": self._hand_over}[name]
 
     # -- suspend -------------------------------------------------------------------------------
 
@@ -320,7 +327,15 @@ class Group:
     def _freeze(self):
         # Only processes with CUDA state lose mappings at the checkpoint; the others run on.
         for pid in self.pids_with_cuda():
-            self.freezer.freeze(pid, {ck.restore_thread_id(pid)})
+            tid = ck.restore_thread_id(pid)
+            # Kept for the way back: a stopped process cannot be asked (the query needs the very
+            # thread), and CRIU restores thread ids as the process sees them.
+            self.restore_tids[pid] = ns_tid(pid, tid) or tid
+            self.freezer.freeze(pid, {tid})
+
+    def _hand_over(self):
+        for pid in self.pids_with_cuda():
+            self.freezer.hand_over(pid)
 
     def _check_vacated(self):
         """Before CRIU dumps: no process of the group may still hold a /dev/nvidia* file (CRIU
@@ -340,15 +355,33 @@ class Group:
 
     # -- resume and rollback -------------------------------------------------------------------
 
+    def _restore_tid(self, pid):
+        """pid's driver restore thread: the one recorded at the freeze (found again by its tid in
+        the process's namespace), else asked of the driver (the process must be running)."""
+        if pid in self.restore_tids:
+            tid = tid_of_ns_tid(pid, self.restore_tids[pid])
+            if tid is None:
+                raise ProcessError(pid, f"its driver restore thread ({self.restore_tids[pid]} in "
+                                   "its namespace) is gone: its GPU state cannot come back")
+            return tid
+        return ck.restore_thread_id(pid)
+
+    def _take_back(self):
+        """Processes handed over stopped (CRIU's dump, its restore, a tree it left running): every
+        thread frozen but the restore thread and the shim's, then continued."""
+        for pid in self.pids_with_cuda():
+            self.freezer.take_back(pid, {self._restore_tid(pid)})
+
     def _refreeze(self, checkpointed):
-        """Threads that run while their GPU state is checkpointed (a CRIU-restored tree, a tree
-        CRIU left running, a group whose holder died) are frozen again before the driver restore,
-        as in place; thaw follows the unlock."""
+        """Threads that run while their GPU state is checkpointed (a group whose holder died) are
+        frozen again before the driver restore, as in place; thaw follows the unlock."""
         for pid in checkpointed:
             if not self.freezer.frozen_threads(pid):
-                self.freezer.freeze(pid, {ck.restore_thread_id(pid)})
+                self.freezer.freeze(pid, {self._restore_tid(pid)})
 
     def _restore(self):
+        if "stop" in self.done:
+            self._take_back()
         todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
         if "freeze" in self.done:
             self._refreeze(todo)
@@ -356,8 +389,23 @@ class Group:
         if self.gpus:
             from ..gpu.driver import gpus
             pairs = ck.gpu_map(self.gpus, [u for _, _, u in gpus()], self.options.gpu_map)
-        with ck.DriverLock():  # two processes calling at once hang the driver
-            ck.raise_first(ck.restore_all(todo, pairs))
+        try:
+            fault_point("driver-restore")  # tests: the driver restore failing
+            with ck.DriverLock():  # two processes calling at once hang the driver
+                ck.raise_first(ck.restore_all(todo, pairs))
+        except BaseException:
+            if "stop" in self.done:
+                self._hand_back([p for p in todo if _still_checkpointed(p)])
+            raise
+
+    def _hand_back(self, pids):
+        """A failed driver restore after CRIU: the tool exits, and its freeze with it, so the
+        processes still checkpointed are left stopped again (never running on missing memory)."""
+        for pid in pids:
+            try:
+                self.freezer.hand_over(pid)
+            except Error as e:
+                self.report(f"warning: stopping pid {pid} again: {e}")
 
     def _unlock(self):
         locked = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.LOCKED]
@@ -440,6 +488,13 @@ class Group:
                 "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
                           "zero": s.zero, "unchanged": s.unchanged},
                 "units": len(self.units), "attachments": len(self.attachments)}
+
+
+def _still_checkpointed(pid):
+    try:
+        return ck.state(pid) is not ck.State.RUNNING
+    except Error:
+        return True  # unknown: stopping it is the safe side
 
 
 def check_readable(store, manifest, ref, consequence):

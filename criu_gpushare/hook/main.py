@@ -148,9 +148,16 @@ def post_resume(action):
         return 0
     statedir.remove(_restore_state())
     root = state.get("root") or _init_pid()
-    summary = restore_engine.run(state["record"], root, state["store"], state["gpu_map"],
-                                 state["verify"], report=lambda m: _say(action, m),
-                                 cache=state.get("cache"), cache_limit=state.get("cache_limit"))
+    try:
+        summary = restore_engine.run(state["record"], root, state["store"], state["gpu_map"],
+                                     state["verify"], report=lambda m: _say(action, m),
+                                     cache=state.get("cache"), cache_limit=state.get("cache_limit"))
+    except Error as e:
+        # CRIU only logs post-resume's exit and reports the restore as a success: say it here.
+        _say(action, f"FAILED: GPU state NOT restored (the restore of pid {root}'s tree is not "
+                     f"complete, whatever CRIU reports): {e}. `criu-gpushare status {root}` shows "
+                     f"it; fix the cause, then `criu-gpushare resume {root}`")
+        return e.exit_code
     _say(action, f"GPU state of {len(summary['pids'])} process(es) is back")
     return 0
 

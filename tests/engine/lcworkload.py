@@ -2,6 +2,8 @@
 
 Extra commands:
   hostfill NAME VALUE      the CPU writes uint32 VALUE over host buffer NAME
+  driverhost NAME SIZE     (fake driver) a page-locked buffer the driver keeps for itself, never
+                           the shim's (as a runtime's internal buffers): the checkpoint unmaps it
   reader NAME              a CPU thread reads host buffer NAME in a loop from now on (a crash of
                            the process is what a test would see if the memory went away)
   readers                  -> reads: how many passes the reader thread made, value: what it read last
@@ -39,6 +41,16 @@ class LifecycleWorkload(base.Workload):
         b = self.bufs[name]
         arr = (ctypes.c_uint32 * (b["size"] // 4)).from_address(b["ptr"])
         ctypes.memmove(arr, (ctypes.c_uint32 * len(arr))(*([int(value)] * len(arr))), b["size"])
+
+    def cmd_driverhost(self, name, size):
+        lib = ctypes.CDLL("libcuda.so.1")
+        lib.fakecuda_internal_buffer.restype = ctypes.c_void_p
+        ptr = lib.fakecuda_internal_buffer(ctypes.c_size_t(int(size)))
+        if not ptr:
+            raise RuntimeError("fakecuda_internal_buffer failed")
+        self.bufs[name] = {"ptr": ptr, "size": int(size)}
+        ctypes.memset(ptr, 0, int(size))
+        return {"ptr": ptr}
 
     def cmd_reader(self, name):
         b = self.bufs[name]

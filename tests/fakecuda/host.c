@@ -137,3 +137,13 @@ FK_EXPORT CUresult cuMemHostGetFlags(unsigned int *flags, void *p)
     fk_unlock();
     return r;
 }
+
+/* Not a CUDA entry point: a page-locked buffer the driver keeps for itself, as the real driver's
+ * runtime threads use internal pinned buffers. No interposer knows the name, so it is never the
+ * shim's memory: the checkpoint unmaps it like every cuMemHostAlloc buffer (tests of the window in
+ * which no thread may run, tests/hook/test_gpu_dump.py). */
+FK_EXPORT void *fakecuda_internal_buffer(size_t size)
+{
+    void *p = NULL;
+    return fk_host_alloc(&p, size, 0) == CUDA_SUCCESS ? p : NULL;
+}

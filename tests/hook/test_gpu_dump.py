@@ -358,3 +358,120 @@ def test_stream_ordered_memory_through_the_wrapper(env, tree, tmp_path):
     assert_back(env, a, b)
     a.do("freeasync pooled")
     assert a.do(f"allocasync again {4 << 20}")["ptr"] == ptr
+
+
+# -- no thread of a checkpointed process runs until its driver restore ----------------------------
+# A reader thread loops over page-locked host memory the driver itself owns (allocated past the
+# shim, as a runtime's own buffers are), which the driver checkpoint unmaps (the fake as the real
+# driver): if it ran anywhere between the driver checkpoint and the driver restore (before CRIU
+# seizes the tree, after CRIU restores it or lets it go), the process would die.
+
+
+@pytest.fixture
+def reading(tree):
+    if REAL_DRIVER:
+        pytest.skip("the real driver's internal buffers cannot be asked for: on the GPU, "
+                    "tests/gpu/test_criu_trees.py proves the window with JAX's runtime threads")
+    parent, a, b = tree
+    for w in (a, b):
+        w.do("driverhost pinned 1048576")
+        w.do("hostfill pinned 77")
+        w.do("reader pinned")
+    return tree
+
+
+def assert_readers_ran_on(*workloads):
+    import time
+    for w in workloads:
+        before = w.do("readers")["reads"]
+        deadline = time.monotonic() + 10
+        while w.do("readers")["reads"] <= before:
+            assert time.monotonic() < deadline, f"the reader thread of {w.pid} does not run"
+            time.sleep(0.02)
+        assert w.do("readers")["value"] == 2 * 77
+
+
+def state_of(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_no_thread_runs_while_checkpointed_through_the_wrapper(env, reading, tmp_path):
+    parent, a, b = reading
+    images, _ = dumped(env, reading, tmp_path)
+    r = cli(env, "restore", images)
+    assert r.returncode == 0, r.stderr
+    a.wait_ready()
+    assert_readers_ran_on(a, b)
+    assert_back(env, a, b)
+
+
+def test_no_thread_runs_while_checkpointed_through_the_wrapper_leave_running(env, reading, tmp_path):
+    parent, a, b = reading
+    r = cli(env, "dump", parent.pid, tmp_path / "images", "--leave-running")
+    assert r.returncode == 0, r.stderr
+    assert_readers_ran_on(a, b)
+    assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+@pytest.mark.parametrize("leave_running", [False, True])
+def test_no_thread_runs_while_checkpointed_through_the_hook(env, reading, tmp_path, criu, leave_running):
+    parent, a, b = reading
+    images, r = hook_dump(criu, env, parent, tmp_path, *(["--leave-running"] if leave_running else []))
+    assert r.returncode == 0, (images / "dump.log").read_text()[-4000:]
+    if leave_running:
+        wait_gone(env)
+    else:
+        parent.wait(10)
+        reap([a.pid, b.pid])
+        r = criu_run(criu, env, ["restore", "-d"], images, "restore.log")
+        assert r.returncode == 0, (images / "restore.log").read_text()[-4000:]
+        a.wait_ready()
+    assert_readers_ran_on(a, b)
+    assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_a_dump_that_fails_after_pre_dump_leaves_the_tree_running_with_its_memory(env, reading, tmp_path, criu):
+    parent, a, b = reading
+    images, r = hook_dump(criu, env, parent, tmp_path, fault="post-dump")
+    assert r.returncode != 0  # post-dump failed: CRIU fails the dump and lets the tree go
+    wait_gone(env)
+    assert_readers_ran_on(a, b)
+    assert_back(env, a, b)
+
+
+def test_a_failed_driver_restore_leaves_the_processes_stopped_until_resume(env, reading, tmp_path):
+    parent, a, b = reading
+    images, _ = dumped(env, reading, tmp_path)
+    tool = dict(env["tool"], CRIU_GPUSHARE_FAULT="driver-restore")
+    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", "restore", str(images)], env=tool,
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 15 and "restore failed at step restore" in r.stderr, r.stderr
+    for w in (a, b):  # stopped, not running on memory the driver has not brought back
+        assert state_of(w.pid) == "T", f"pid {w.pid} runs while its GPU state is checkpointed"
+    r = cli(env, "resume", a.pid)
+    assert r.returncode == 0, r.stderr
+    assert_readers_ran_on(a, b)
+    assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_a_failed_gpu_restore_through_the_hook_is_said_plainly(env, reading, tmp_path, criu):
+    parent, a, b = reading
+    images, r = hook_dump(criu, env, parent, tmp_path)
+    assert r.returncode == 0, (images / "dump.log").read_text()[-3000:]
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    r = criu_run(criu, env, ["restore", "-d"], images, "restore.log", "driver-restore")
+    assert r.returncode == 0  # CRIU ignores post-resume's exit
+    log = (images / "restore.log").read_text()
+    assert "GPU state NOT restored" in log and "criu-gpushare resume" in log, log[-3000:]
+    assert state_of(a.pid) == "T" and state_of(b.pid) == "T"
+    status = cli(env, "status", a.pid)
+    assert "restore failed" in status.stdout, status.stdout
+    r = cli(env, "resume", a.pid)
+    assert r.returncode == 0, r.stderr
+    assert_readers_ran_on(a, b)
+    assert_back(env, a, b)
