@@ -64,8 +64,12 @@ class S3Client:
     """The objects under s3://bucket/prefix/. Thread-safe (boto3 clients are)."""
 
     def __init__(self, url, streams=DEFAULT_STREAMS):
-        import boto3
-        import botocore.config
+        try:
+            import boto3
+            import botocore.config
+        except ImportError:
+            raise StoreError(f"{url}: s3:// stores need boto3: pip install "
+                             f"'criu-gpushare[s3]'") from None
         self.url = url.rstrip("/")
         self.bucket, self.prefix = parse_url(url)
         try:
@@ -146,7 +150,13 @@ class S3Client:
     # -- single objects ---------------------------------------------------------------------------
 
     def check_bucket(self):
-        self._call("", "opening the bucket", self.client.head_bucket)
+        try:
+            self._call("", "opening the bucket", self.client.head_bucket)
+        except S3Error as e:
+            if e.code in ("404", "NotFound"):  # HEAD has no body, hence no error code
+                raise S3Error(f"{self.url}: no such bucket {self.bucket} at {self.endpoint} "
+                              f"(create it first)", "NoSuchBucket") from None
+            raise
 
     def head(self, rel):
         """ObjectInfo of an object, or None when absent."""
