@@ -9,6 +9,9 @@ environment and the config file matter):
      /etc/criu-gpushare/config.toml (optional)
   4. the embedded default: store /var/lib/criu-gpushare/store, no cache, gc grace 1h, verify on
 
+The store is a directory or s3://BUCKET/PREFIX (an S3-compatible server; its endpoint and
+credentials come from the standard AWS environment variables and files, never from here).
+
 verify: every chunk a restore or resume reads is re-hashed (XXH3-128) and checked against its name
 before its bytes go to the GPU; a mismatch fails the restore naming the chunk and its file. It is
 on by default. `verify = false` in the config file or CRIU_GPUSHARE_VERIFY=0 turns the hashing off
@@ -17,7 +20,7 @@ on by default. `verify = false` in the config file or CRIU_GPUSHARE_VERIFY=0 tur
 Config file (TOML; every key optional):
 
     [store]
-    path = "/var/lib/criu-gpushare/store"
+    path = "/var/lib/criu-gpushare/store"   # or "s3://bucket/prefix"
     gc_grace = "1h"          # seconds, or a number with s, m, h or d
     verify = true            # re-hash every chunk a restore reads (default; false skips it)
 
@@ -44,7 +47,7 @@ ENV_CONFIG = "CRIU_GPUSHARE_CONFIG"
 
 # (setting, table, key, environment variable, parser name)
 _KEYS = [
-    ("store", "store", "path", ENV_STORE, "path"),
+    ("store", "store", "path", ENV_STORE, "location"),
     ("gc_grace_s", "store", "gc_grace", ENV_GC_GRACE, "duration"),
     ("verify", "store", "verify", ENV_VERIFY, "bool"),
     ("cache", "cache", "path", ENV_CACHE, "path"),
@@ -165,6 +168,16 @@ def _parse_toml_subset(data, path):
     return doc
 
 
+def _parse_location(raw, where):
+    """The store: a directory, or s3://BUCKET/PREFIX (kept as written; its bucket name is checked
+    when the store is opened)."""
+    if isinstance(raw, str) and raw.startswith("s3://"):
+        return raw.rstrip("/")
+    if raw == "":
+        raise ConfigError(f"{where}: the store cannot be empty")
+    return _parse_path(raw, where)
+
+
 def _parse_path(raw, where):
     if not isinstance(raw, str):
         raise ConfigError(f"{where}: expected a path, got {raw!r}")
@@ -222,5 +235,5 @@ def _parse_bool(raw, where):
     raise ConfigError(f"{where}: expected true or false, got {raw!r}")
 
 
-_PARSERS = {"path": _parse_path, "size": parse_size, "duration": parse_duration,
+_PARSERS = {"path": _parse_path, "location": _parse_location, "size": parse_size, "duration": parse_duration,
             "bool": _parse_bool}

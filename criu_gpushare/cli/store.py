@@ -10,8 +10,7 @@ import click
 
 from ..config import load_settings, parse_duration
 from ..errors import ConfigError, StoreError
-from ..store import NodeCache, Store, collect_garbage, disk_usage, prefetch, verify_store
-from ..store.holds import held_refs
+from ..store import NodeCache, disk_usage, open_from_settings, prefetch, verify_store
 
 
 def human(n):
@@ -44,15 +43,16 @@ def open_store(ctx, with_cache=False):
     if with_cache and ctx.obj.cache is None:
         raise ConfigError("no node cache configured: pass --cache DIR, set "
                           "CRIU_GPUSHARE_CACHE or [cache] path in the config file")
-    return Store.from_settings(ctx.obj, use_cache=with_cache)
+    return open_from_settings(ctx.obj, use_cache=with_cache)
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 
 
 @click.group()
-@click.option("--store", "store_path", metavar="DIR",
-              help="Store directory [env CRIU_GPUSHARE_STORE; default /var/lib/criu-gpushare/store].")
+@click.option("--store", "store_path", metavar="DIR|s3://BUCKET/PREFIX",
+              help="Store directory or S3 URL [env CRIU_GPUSHARE_STORE; default "
+                   "/var/lib/criu-gpushare/store].")
 @click.option("--cache", metavar="DIR", help="Node cache directory [env CRIU_GPUSHARE_CACHE].")
 @click.option("--cache-limit", metavar="SIZE",
               help="Node cache size limit, e.g. 200G [env CRIU_GPUSHARE_CACHE_LIMIT].")
@@ -74,7 +74,7 @@ def ls(ctx, as_json):
     """List the checkpoints (refs) in the store; an unreadable one is listed with its error."""
     rows, broken = [], []
     with open_store(ctx) as st:
-        held = held_refs(st)
+        held = st.held_refs()
         for name in st.list_refs():
             try:
                 ref = st.read_ref(name)
@@ -142,7 +142,7 @@ def gc(ctx, grace, dry_run, as_json):
     dump protects."""
     grace_s = parse_duration(grace, "--grace") if grace is not None else ctx.obj.gc_grace_s
     with open_store(ctx) as st:
-        r = collect_garbage(st, grace_s, dry_run)
+        r = st.collect_garbage(grace_s, dry_run)
     doc = {"store": st.path, "dry_run": dry_run, "grace_s": grace_s, "refs": r.refs,
            "live_leases": r.live_leases, "chunks_kept": r.chunks_kept,
            "chunks_kept_in_grace": r.chunks_kept_young, "chunks_removed": r.chunks_removed,

@@ -19,7 +19,7 @@ from ..errors import GroupHeld, StoreError
 from ..gpu.driver import gpu_inventory
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree, uses_cuda
-from ..store.store import Store
+from ..store.backend import open_store
 from . import journal as jn, record
 from .faults import fault_point
 from .runner import Runner
@@ -98,7 +98,7 @@ class DumpJob:
 
     def complete(self):
         """post-dump: make the store durable before CRIU reports success."""
-        with Store.open(self.options.store) as store:
+        with open_store(self.options.store) as store:
             store.read_ref(self.ref)  # the ref a restore needs must be there
             store.sync()
         self.completed = True
@@ -123,7 +123,7 @@ class DumpJob:
 
     def _drop_ref(self):
         try:
-            with Store.open(self.options.store) as store:
+            with open_store(self.options.store) as store:
                 store.remove_ref(self.ref)
         except StoreError:
             pass  # never written, or the store is gone: nothing refers to it

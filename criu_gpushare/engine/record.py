@@ -34,7 +34,8 @@ _REQUIRED = {"format": int, "gpu_state": bool, "store": str, "ref": str, "gpus":
 
 def make(group, store, ref, manifest_id, gpus, nspids, protocol):
     return {"format": FORMAT, "tool": __version__, "protocol": protocol, "created": time.time(),
-            "gpu_state": group.has_gpu_state, "store": os.path.abspath(store), "ref": ref,
+            # the store as the settings give it: an absolute path, or an s3:// URL (config.py)
+            "gpu_state": group.has_gpu_state, "store": store, "ref": ref,
             "manifest": manifest_id, "gpus": gpus,
             "processes": [{"pid": p, "nspid": nspids.get(p, p)} for p in group.pids],
             "group": group.state()}

@@ -14,7 +14,7 @@ from ..errors import ImageError
 from ..gpu import driver as drv
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree
-from ..store.store import Store
+from ..store.backend import open_store
 from . import journal as jn, plan, record
 from .steps import Group, Options, check_readable
 from .suspension import resume_group
@@ -32,7 +32,7 @@ def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
     if not rec["gpu_state"]:
         return None
     store_path = store_path or rec["store"]
-    with Store.open(store_path) as store:
+    with open_store(store_path) as store:
         manifest = store.read_manifest(store.read_ref(rec["ref"]).manifest)
         check_readable(store, manifest, rec["ref"], "nothing was restored")
     _check_gpus(images_dir, rec, gpu_map or {})
@@ -80,7 +80,7 @@ def warm_cache(rec, store_path, cache, cache_limit):
     """Fill the node cache with the chunks the restore will read (the store is only read)."""
     from ..store.cache import NodeCache
     from ..store.prefetch import prefetch
-    with Store.open(store_path or rec["store"]) as store, NodeCache.open(cache, cache_limit) as c:
+    with open_store(store_path or rec["store"]) as store, NodeCache.open(cache, cache_limit) as c:
         return prefetch(store, c, refs=[rec["ref"]])
 
 

@@ -47,7 +47,7 @@ from ..gpu.devices import DeviceMap, workload_devices_map
 from ..gpu.memory import ImportedAllocation
 from ..shimctl import client as control
 from ..store.manifest import Manifest, ProcessEntry
-from ..store.store import Store
+from ..store.backend import open_store
 from . import plan
 from .exports import Exports, export_one
 from .faults import fault_point
@@ -272,7 +272,7 @@ class Group:
 
     def _save(self):
         with contextlib.ExitStack() as stack:
-            store = stack.enter_context(Store.open(self.options.store, create=True))
+            store = stack.enter_context(open_store(self.options.store, create=True))
             session = stack.enter_context(store.begin_write(self.options.ref))
             processes = {}
             total = sum(u.size for u in self.units)
@@ -430,7 +430,7 @@ class Group:
                 cache = NodeCache.open(self.options.cache, self.options.cache_limit)
             except Error as e:
                 self.report(f"warning: node cache {self.options.cache} not used: {e}")
-        return Store.open(self.options.store, cache=cache)
+        return open_store(self.options.store, cache=cache)
 
     def check_loadable(self):
         """Before a resume changes anything: every chunk the load will read is in the store or the
@@ -470,14 +470,14 @@ class Group:
         """The group is back: its checkpoint no longer needs protecting from `store rm`. Best
         effort: the workload runs either way, and a stale hold only delays `store rm`."""
         from ..errors import StoreError
-        from ..store.holds import Hold
-        if not os.path.isdir(self.options.store):
+        from ..store.backend import may_exist
+        if not may_exist(self.options.store):
             return  # never created: it holds nothing of ours
         try:
-            with Store.open(self.options.store) as store:
+            with open_store(self.options.store) as store:
                 for info in store.holds(self.options.ref):
                     if info.pid in self.pids:
-                        Hold(store, info).release()
+                        store.release_hold(info)
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 

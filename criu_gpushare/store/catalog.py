@@ -97,21 +97,31 @@ def ref_path(store, name):
 
 
 def _check_ref_name(store, name):
+    check_ref_name(ref_path(store, str(name)), name)
+
+
+def check_ref_name(path, name):
+    """A StoreError naming `path` unless `name` is a valid ref name."""
     if not is_ref_name(name):
-        raise StoreError(f"{ref_path(store, str(name))}: bad checkpoint name {name!r}: use 1-200 "
-                         f"of A-Z a-z 0-9 . _ -, not starting with . or -")
+        raise StoreError(f"{path}: bad checkpoint name {name!r}: use 1-200 of A-Z a-z 0-9 . _ -, "
+                         f"not starting with . or -")
 
 
 def set_ref(store, name, mid, meta=None):
     """Point ref `name` at manifest `mid` (atomically replacing an older ref of that name)."""
-    _check_ref_name(store, name)
-    if not is_chunk_id(mid):
-        raise StoreError(f"{ref_path(store, name)}: {mid!r} is not a manifest id")
-    doc = {"format": REF_FORMAT, "version": REF_VERSION, "manifest": mid,
-           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "meta": meta or {}}
-    data = json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+    data = ref_bytes(ref_path(store, str(name)), name, mid, meta)
     fsutil.write_file_atomic(store.dir_fd(REFS_DIR, create=True),
                              os.path.join(store.path, REFS_DIR), name, data)
+
+
+def ref_bytes(path, name, mid, meta=None):
+    """A ref file's bytes (checked: the name and the manifest id); `path` names it in errors."""
+    check_ref_name(path, name)
+    if not is_chunk_id(mid):
+        raise StoreError(f"{path}: {mid!r} is not a manifest id")
+    doc = {"format": REF_FORMAT, "version": REF_VERSION, "manifest": mid,
+           "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "meta": meta or {}}
+    return json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
 
 def read_ref(store, name):
@@ -124,6 +134,11 @@ def read_ref(store, name):
         data = fsutil.read_small_file(dfd, os.path.dirname(path), name, limit=1 << 20)
     except FileNotFoundError:
         raise RefMissing(f"{path}: no such checkpoint") from None
+    return parse_ref(data, path, name)
+
+
+def parse_ref(data, path, name):
+    """A Ref from a ref file's bytes; every problem names `path`."""
     try:
         doc = json.loads(data)
         ok = isinstance(doc, dict) and doc.get("format") == REF_FORMAT

@@ -16,7 +16,6 @@ from . import fsutil
 from .layout import CHUNKS_DIR, chunk_id, fanout, is_chunk_id, is_temp_name
 
 
-
 class ChunkMissing(StoreError):
     """chunk store: {}"""
 
@@ -32,6 +31,14 @@ class ChunkDamaged(StoreError):
         super().__init__(message)
         self.kind = kind  # "truncated", "corrupt", "bad-file" or "unreadable"
         self.chunk, self.path = chunk, path  # the chunk id and its file
+
+
+def check_bytes(cid, view, path):
+    """Raise ChunkDamaged (kind "corrupt", naming `path`) unless `view` hashes to `cid`."""
+    got = chunk_id(view)
+    if got != cid:
+        raise ChunkDamaged(f"{path}: chunk {cid} is corrupted: its content hashes to {got}",
+                           "corrupt", cid, path)
 
 
 _FANOUT_NAMES = frozenset(f"{i:02x}" for i in range(256))
@@ -227,11 +234,7 @@ class ChunkDir:
 
     def check(self, cid, view):
         """Raise ChunkDamaged (kind "corrupt") unless `view` hashes to `cid`."""
-        got = chunk_id(view)
-        if got != cid:
-            path = self.chunk_path(cid)
-            raise ChunkDamaged(f"{path}: chunk {cid} is corrupted: its content hashes to {got}",
-                               "corrupt", cid, path)
+        check_bytes(cid, view, self.chunk_path(cid))
 
     def remove(self, name, fanout_name):
         dfd = self.fanout_fd(fanout_name)

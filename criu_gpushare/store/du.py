@@ -1,9 +1,6 @@
 """du: what a store holds, what its checkpoints reference, and what gc could reclaim."""
 from dataclasses import asdict, dataclass
 
-from . import catalog
-from .holds import held_refs
-from .leases import scan_leases
 from .references import walk_refs
 
 
@@ -43,7 +40,7 @@ def disk_usage(store):
     u = Usage(refs=len(walked.refs), logical_bytes=walked.logical_bytes,
               zero_bytes=walked.zero_bytes, unreadable_refs=len(walked.problems))
     present = set()
-    for f in store.chunks.scan():
+    for f in store.scan_chunks():
         if f.is_temp:
             u.temp_files += 1
             u.temp_bytes += f.size
@@ -60,13 +57,13 @@ def disk_usage(store):
             u.unreferenced_chunks += 1
             u.unreferenced_bytes += f.size
     u.missing_chunks = sum(1 for cid in walked.chunks if cid not in present)
-    for _mid, size, _mtime, temp, _name in catalog.list_manifests(store):
+    for _mid, size, _mtime, temp, _name in store.list_manifest_files():
         if temp:
             u.temp_files += 1
             u.temp_bytes += size
         else:
             u.manifests += 1
             u.manifest_bytes += size
-    u.leases = sum(1 for lease in scan_leases(store, 0, 0) if lease.held)
-    u.held_refs = len(held_refs(store))
+    u.leases = store.live_writers()
+    u.held_refs = len(store.held_refs())
     return u

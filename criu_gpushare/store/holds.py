@@ -202,6 +202,22 @@ def _read_hold(store, ref, dfd, name, here):
     path = os.path.join(_holds_path(store, ref), name)
     try:
         data = fsutil.read_small_file(dfd, os.path.dirname(path), name, limit=1 << 20)
+    except FileNotFoundError:
+        return None  # released meanwhile
+    except StoreError as e:
+        return _unreadable(ref, name, path, e.args[0])
+    return parse_hold(data, ref, name, path, here)
+
+
+def _unreadable(ref, name, path, why):
+    return HoldInfo(ref, name, path, "?", "?", None, None, "", True,
+                    f"unreadable, counted as live: {why}")
+
+
+def parse_hold(data, ref, name, path, here):
+    """The HoldInfo of a hold file's bytes, judged from `here` (see this_host); an unreadable one
+    counts as live."""
+    try:
         doc = json.loads(data)
         if not isinstance(doc, dict) or doc.get("format") != HOLD_FORMAT:
             raise ValueError("not a hold file")
@@ -210,12 +226,8 @@ def _read_hold(store, ref, dfd, name, here):
                              f"{HOLD_VERSION}")
         pid, start = int(doc["pid"]), int(doc["starttime"])
         host = str(doc["host"])
-    except FileNotFoundError:
-        return None  # released meanwhile
-    except (StoreError, ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
-        why = e.args[0] if isinstance(e, StoreError) else str(e)
-        return HoldInfo(ref, name, path, "?", "?", None, None, "", True,
-                        f"unreadable, counted as live: {why}")
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:
+        return _unreadable(ref, name, path, str(e))
     alive, why = _judge(doc, host, pid, start, here)
     manifest = doc.get("manifest") if is_chunk_id(doc.get("manifest")) else None
     meta = doc.get("meta") if isinstance(doc.get("meta"), dict) else {}
@@ -242,7 +254,8 @@ def _judge(doc, host, pid, start, here):
     return True, "running"
 
 
-def _here():
+def this_host():
+    """(host, boot id, pid namespace) of this process: what judging a hold compares with."""
     return _host_name(), boot_id(), pid_namespace()
 
 
@@ -255,12 +268,21 @@ def take(store, ref, kind, pid=None, meta=None):
     `store rm` can come in between. When it exists, the hold also records its manifest id.
     """
     _check_ref(store, ref)
+    info, data = new_hold(store, ref, kind, pid, _holds_path(store, ref), meta)
+    with _Locked(store, ref, create=True) as dfd:
+        fsutil.write_file_atomic(dfd, os.path.dirname(info.path), info.name, data)
+    return Hold(store, info)
+
+
+def new_hold(store, ref, kind, pid, dir_path, meta=None):
+    """(HoldInfo, file bytes) of a new hold on `ref` for `pid` (default: this process), to be
+    written as dir_path/<info.name> (for any store: `store.read_ref` gives the manifest)."""
     if kind not in KINDS:
         raise ValueError(f"hold kind {kind!r}: one of {', '.join(KINDS)}")
     pid = os.getpid() if pid is None else int(pid)
     st = proc_stat(pid)
     if st is None:
-        raise StoreError(f"{_holds_path(store, ref)}: cannot hold for pid {pid}: no such process")
+        raise StoreError(f"{dir_path}: cannot hold for pid {pid}: no such process")
     host = _host_name()
     try:
         manifest = store.read_ref(ref).manifest
@@ -271,13 +293,9 @@ def take(store, ref, kind, pid=None, meta=None):
            "starttime": st[1], "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "manifest": manifest, "meta": meta or {}}
     name = f"{_safe(host)}.{pid}.{st[1]}.{os.urandom(8).hex()}{HOLD_SUFFIX}"
-    dir_path = _holds_path(store, ref)
-    with _Locked(store, ref, create=True) as dfd:
-        fsutil.write_file_atomic(dfd, dir_path, name,
-                                 json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
-    info = HoldInfo(ref, name, os.path.join(dir_path, name), kind, host, pid, st[1],
+    info = HoldInfo(ref, name, f"{dir_path}/{name}", kind, host, pid, st[1],
                     doc["created"], True, "running", manifest, doc["meta"])
-    return Hold(store, info)
+    return info, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
 
 
 def list_holds(store, ref):
@@ -287,7 +305,7 @@ def list_holds(store, ref):
     if dfd is None:
         return []
     try:
-        return _scan(store, ref, dfd, _here())
+        return _scan(store, ref, dfd, this_host())
     finally:
         os.close(dfd)
 
@@ -333,7 +351,7 @@ def remove_ref(store, ref, force=False):
     from . import catalog
     _check_ref(store, ref)
     with _Locked(store, ref, create=False) as dfd:
-        holds = [] if dfd is None else _scan(store, ref, dfd, _here())
+        holds = [] if dfd is None else _scan(store, ref, dfd, this_host())
         live = [h for h in holds if h.alive]
         if live and not force:
             raise RefHeld(f"{catalog.ref_path(store, ref)}: checkpoint {ref} is held, not "
@@ -361,7 +379,7 @@ def sweep(store, now_ns, dry_run=False):
     holds_fd = store.dir_fd(HOLDS_DIR)
     if holds_fd is None:
         return out
-    here = _here()
+    here = this_host()
     for ref in fsutil.list_dir(holds_fd):
         if not is_ref_name(ref):
             continue

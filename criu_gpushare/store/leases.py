@@ -25,17 +25,35 @@ RENEW_S = 30.0
 LEASE_TEMP_MAX_AGE_NS = 600 * 10**9
 
 
-class WriteSession:
-    """A dump's view of the store: put chunks under a lease, then commit a manifest and a ref.
+class Tally:
+    """What a write session put: bytes and chunks written, deduplicated and zero (thread-safe)."""
 
-    Thread-safe. Counts bytes written, deduplicated and zero for the final report line.
-    """
-
-    def __init__(self, store, purpose=""):
-        self.store = store
+    def __init__(self):
         self._lock = threading.Lock()
         self.bytes = {s: 0 for s in PutStatus}
         self.chunks = {s: 0 for s in PutStatus}
+
+    def _tally(self, result):
+        with self._lock:
+            self.bytes[result.status] += result.length
+            self.chunks[result.status] += 1
+        return result
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class WriteSession(Tally):
+    """A dump's view of a directory store: put chunks under a lease, then commit a manifest and a
+    ref. Thread-safe. (An S3 store's session is s3store.S3WriteSession.)
+    """
+
+    def __init__(self, store, purpose=""):
+        super().__init__()
+        self.store = store
         dfd = store.dir_fd(LEASES_DIR, create=True)
         dir_path = os.path.join(store.path, LEASES_DIR)
         # Lock the lease under a temp name, then give it its name: gc never sees an unlocked
@@ -67,10 +85,9 @@ class WriteSession:
         return None if result is None else self._count(result)
 
     def _count(self, result):
+        self._tally(result)
         now = time.monotonic()
         with self._lock:
-            self.bytes[result.status] += result.length
-            self.chunks[result.status] += 1
             renew = now - self._renewed > RENEW_S and self._fd >= 0
             if renew:
                 self._renewed = now
@@ -95,12 +112,6 @@ class WriteSession:
             fsutil.unlink_quiet(self.name, self._dfd)
             os.close(self._fd)
             self._fd = -1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 @dataclass(frozen=True)

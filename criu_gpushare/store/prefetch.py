@@ -68,7 +68,7 @@ def prefetch(store, cache, refs=None, threads=8):
         try:
             store.read_chunk(cid, view, verify=False)  # hashed below
             if chunk_id(view) != cid:
-                raise StoreError(f"{store.chunks.chunk_path(cid)}: content does not match its "
+                raise StoreError(f"{store.chunk_path(cid)}: content does not match its "
                                  f"name (corrupted chunk); not cached")
             cache.insert(cid, view)
         except StoreError as e:

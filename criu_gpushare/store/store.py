@@ -12,31 +12,27 @@ the same store):
 and a restore: `store.check_chunks(manifest)` (stat only) before anything changes, then
 `store.get(chunk_id, pinned_view)` for each chunk of its manifest (re-hashed unless verify=False).
 """
-import contextlib
 import json
 import os
-import threading
 
 from ..errors import StoreError
 from . import catalog, fsutil, holds
+from .base import ChunkStore
 from .chunkdir import ChunkDir, ChunkMissing
 from .leases import WriteSession
-from .results import PutResult, PutStatus, Source
-from .layout import (CHUNK_SIZE_MAX, HASH_NAME, STORE_FILE, STORE_FORMAT, STORE_VERSION, chunk_id,
-                     is_chunk_id, zero_chunk_id)
+from .results import PutResult, PutStatus
+from .layout import CHUNK_SIZE_MAX, HASH_NAME, STORE_FILE, STORE_FORMAT, STORE_VERSION
 
 
-class Store:
-    """An open chunk store. Thread-safe; several processes may open the same directory."""
+class Store(ChunkStore):
+    """An open chunk store in a directory. Thread-safe; several processes may open the same
+    directory. (An s3:// store is an S3Store, store/s3store.py; backend.open_store picks.)"""
 
     def __init__(self, path, root_fd, create, cache=None):
-        self.path = path
+        super().__init__(path, cache)
         self.root_fd = root_fd
-        self.cache = cache
         self.chunks = ChunkDir(root_fd, path, create)
         self._dir_fds = {}
-        self._lock = threading.Lock()
-        self._in_flight = {}  # chunk id -> Event set when its put ends
         self._create = create
 
     @classmethod
@@ -69,21 +65,6 @@ class Store:
             os.close(root_fd)
             raise
 
-    @classmethod
-    def from_settings(cls, settings, create=False, use_cache=False):
-        """Open the store a criu_gpushare.config.Settings names; with use_cache, and a cache
-        configured, reads go through the node cache (restores); dumps leave the cache alone."""
-        from .cache import NodeCache
-        cache = None
-        if use_cache and settings.cache is not None:
-            cache = NodeCache.open(settings.cache, settings.cache_limit)
-        try:
-            return cls.open(settings.store, create=create, cache=cache)
-        except BaseException:
-            if cache is not None:
-                cache.close()
-            raise
-
     def close(self):
         self.chunks.close()
         for fd in self._dir_fds.values():
@@ -92,14 +73,7 @@ class Store:
         if self.root_fd >= 0:
             os.close(self.root_fd)
             self.root_fd = -1
-        if self.cache is not None:
-            self.cache.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+        super().close()
 
     def dir_fd(self, name, create=None):
         """fd of a top-level directory (manifests, refs, leases, gc); None if absent (reading)."""
@@ -128,13 +102,9 @@ class Store:
         written, its mtime is refreshed so gc's grace period counts from now) or NEW (written:
         temp file, data, fdatasync, rename). Hashing and writing release the GIL.
         """
-        view = _byte_view(data)
-        n = len(view)
-        if not 0 < n <= CHUNK_SIZE_MAX:
-            raise ValueError(f"chunk of {n} bytes: a chunk holds 1..{CHUNK_SIZE_MAX} bytes")
-        cid = chunk_id(view)
-        if cid == zero_chunk_id(n):
-            return PutResult(None, n, PutStatus.ZERO)
+        view, cid, n = self._hash_put(data)
+        if isinstance(cid, PutResult):
+            return cid  # all zero
         with self._writing(cid):
             present = self.claim_present(cid, n)
             if present is not None:
@@ -155,43 +125,6 @@ class Store:
             return PutResult(cid, length, PutStatus.PRESENT)
         return None
 
-    @contextlib.contextmanager
-    def _writing(self, cid):
-        """One put per chunk id at a time in this process: the copy engine's threads often meet
-        the same chunk (e.g. repeated weights) at once; the second one then finds it present."""
-        while True:
-            with self._lock:
-                busy = self._in_flight.get(cid)
-                if busy is None:
-                    self._in_flight[cid] = threading.Event()
-                    break
-            busy.wait()
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._in_flight.pop(cid).set()
-
-    def get(self, cid, buf, verify=True):
-        """Read chunk `cid` into the writable buffer `buf` (exactly the chunk's length).
-
-        Reads the node cache first when one is set (a hit refreshes its LRU time; a miss reads the
-        store and leaves the cache alone). By default the bytes are re-hashed, from the cache as
-        from the store: a damaged cached copy is dropped and the store read instead; a damaged
-        store chunk is a ChunkDamaged naming the chunk id and its file. verify=False (the setting
-        `verify = false`, CRIU_GPUSHARE_VERIFY=0) skips the hashing; sizes are always checked.
-        Returns the Source the bytes came from.
-        """
-        if not is_chunk_id(cid):
-            raise StoreError(f"{self.path}: {cid!r} is not a chunk id")
-        view = _byte_view(buf)
-        if view.readonly:
-            raise ValueError("get needs a writable buffer")
-        if self.cache is not None and self.cache.read(cid, view, verify):
-            return Source.CACHE
-        self.read_chunk(cid, view, verify)
-        return Source.STORE
-
     def read_chunk(self, cid, view, verify=True):
         """Read from the store itself (no cache), re-hashed unless verify=False.
 
@@ -205,6 +138,14 @@ class Store:
             raise ChunkMissing(f"{path}: chunk {cid} missing", cid, path) from None
         if verify:
             self.chunks.check(cid, view)
+
+    def chunk_path(self, cid):
+        """Where chunk `cid` is (or would be), for messages."""
+        return self.chunks.chunk_path(cid)
+
+    def scan_chunks(self):
+        """Every chunk and temp file (chunkdir.ChunkFile), for verify, du and gc."""
+        return self.chunks.scan()
 
     def chunk_size(self, cid):
         """Size of a stored chunk, or None when absent."""
@@ -253,23 +194,36 @@ class Store:
         """The holders of `ref`: a HoldInfo each (.alive, .kind, .pid, .host, .describe())."""
         return holds.list_holds(self, ref)
 
-    def check_chunks(self, manifest):
-        """Every problem that would keep a restore of `manifest` from reading its chunks (missing,
-        wrong size, not a file, foreign owner, unreadable), found with stat only: a list of
-        verify.Problem (.kind, .chunk, .path, .detail), empty when all is well."""
-        from .verify import check_chunks
-        return check_chunks(self, manifest)
+    def release_hold(self, info):
+        """Remove the hold a HoldInfo (from holds()) describes."""
+        holds.Hold(self, info).release()
+
+    def held_refs(self):
+        """Names of the refs with hold files (cheap: none is read)."""
+        return holds.held_refs(self)
+
+    def presence_problem(self, cid, length):
+        """A verify.Problem when chunk `cid` could not be read as `length` bytes (stat only, with
+        the ownership rules of FORMAT.md "Trust model"), else None."""
+        from .verify import presence_problem
+        return presence_problem(self, cid, length)
+
+    def list_manifest_files(self):
+        """(id, size, mtime_ns, is_temp, name) of every file in manifests/ that is ours."""
+        return catalog.list_manifests(self)
+
+    def live_writers(self):
+        """How many write sessions (dumps) hold a lease now."""
+        from .leases import scan_leases
+        return sum(1 for lease in scan_leases(self, 0, 0) if lease.held)
+
+    def collect_garbage(self, grace_s, dry_run=False):
+        from .gc import collect_garbage
+        return collect_garbage(self, grace_s, dry_run)
 
     def begin_write(self, purpose=""):
         """A WriteSession: holds a lease so that gc keeps every chunk it puts until it commits."""
         return WriteSession(self, purpose)
-
-
-def _byte_view(data):
-    view = data if isinstance(data, memoryview) else memoryview(data)
-    if view.format != "B" or view.ndim != 1:
-        view = view.cast("B")
-    return view
 
 
 def _check_or_write_store_file(root_fd, path, create):
@@ -292,6 +246,11 @@ def _check_or_write_store_file(root_fd, path, create):
         fsutil.write_file_atomic(root_fd, path, STORE_FILE,
                                  json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
         return
+    check_store_doc(data, file_path)
+
+
+def check_store_doc(data, file_path):
+    """Refuse store.json bytes that are not a store file this tool reads (naming `file_path`)."""
     try:
         doc = json.loads(data)
         ok = isinstance(doc, dict) and doc.get("format") == STORE_FORMAT

@@ -39,28 +39,23 @@ class VerifyReport:
 
 def check_chunks(store, manifest):
     """Problems that keep a restore of `manifest` from reading every chunk, found without reading
-    a byte (one lstat per distinct chunk: fast enough to run before a resume changes anything).
+    a byte (one lstat, or one HEAD request, per distinct chunk: fast enough to run before a
+    resume changes anything).
 
     Each Problem names the chunk id and its file; kinds: missing, truncated (any wrong size),
     bad-file (a symlink or other non-file under the chunk's name), foreign (the file or its
     fan-out directory is owned by a user other than root or us, or writable by group or others:
     FORMAT.md "Trust model"), unreadable (we may not read it).
     """
-    problems, seen = [], set()
-    for cid, length in manifest.chunk_ids():
-        if cid not in seen:
-            seen.add(cid)
-            problem = _presence_problem(store, cid, length)
-            if problem is not None:
-                problems.append(problem)
-    return problems
+    return store.check_chunks(manifest)
 
 
 #: The name this check had first; same function.
 check_present = check_chunks
 
 
-def _presence_problem(store, cid, length):
+def presence_problem(store, cid, length):
+    """A directory store's Problem for chunk `cid` (see check_chunks), or None."""
     path = store.chunks.chunk_path(cid)
     try:
         st = store.chunks.stat(cid)
@@ -104,10 +99,10 @@ def verify_store(store, refs=None, all_chunks=False, threads=4, quick=False):
         report.problems.append(Problem("ref", path, detail, refs=[name]))
     todo = {cid: (length, users) for cid, (length, users) in walked.chunks.items()}
     if all_chunks:
-        for f in store.chunks.scan():
+        for f in store.scan_chunks():
             if f.is_temp:
                 continue
-            path = os.path.join(store.chunks.path, f.fanout, f.name)
+            path = store.chunk_path(f.name)
             if not f.is_regular:
                 report.problems.append(Problem("bad-file", path, "not a regular file (symlink?)",
                                                f.name))
@@ -119,7 +114,7 @@ def verify_store(store, refs=None, all_chunks=False, threads=4, quick=False):
 
     def check_size(item):
         cid, (length, users) = item
-        problem = _presence_problem(store, cid, length)
+        problem = store.presence_problem(cid, length)
         with lock:
             report.chunks_checked += 1
             if problem is not None:
@@ -128,7 +123,7 @@ def verify_store(store, refs=None, all_chunks=False, threads=4, quick=False):
 
     def check(item):
         cid, (length, users) = item
-        path = store.chunks.chunk_path(cid)
+        path = store.chunk_path(cid)
         problem = None
         if length > CHUNK_SIZE_MAX:
             problem = Problem("bad-file", path, f"{length} bytes, over the chunk limit", cid)

@@ -115,7 +115,9 @@ class Tree:
             threads += len(os.listdir(f"/proc/{pid}/task"))
             with open(f"/proc/{pid}/status") as f:
                 rss += next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) // 1024
-        shm = len(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else 0
+        own = os.path.basename(self.store)  # the test's store and images live there too
+        shm = len([n for n in os.listdir("/dev/shm") if not n.startswith(own)]) \
+            if os.path.isdir("/dev/shm") else 0
         store = _tree_bytes(self.store) >> 20
         return {"fds": fds, "rss_mib": rss, "threads": threads, "shm_files": shm, "store_mib": store}
 

@@ -475,3 +475,45 @@ def test_a_failed_gpu_restore_through_the_hook_is_said_plainly(env, reading, tmp
     assert r.returncode == 0, r.stderr
     assert_readers_ran_on(a, b)
     assert_back(env, a, b)
+
+
+@fake_only
+def test_dump_to_s3_and_two_nodes_restore_it_through_their_own_caches(env, tree, tmp_path,
+                                                                      s3_server, s3_store_url):
+    """`dump --store s3://...`, then two "nodes" (each its own state directory and node cache,
+    warmed by `store prefetch`) restore the same image from the bucket, one after the other.
+    No secret reaches any output, record or state file."""
+    from s3server import SECRET_KEY
+    aws = {k: v for k, v in s3_server.env().items() if k.startswith("AWS_")}
+    for k in ("tool", "app"):
+        env[k].update(aws)
+    parent, a, b = tree
+    images = tmp_path / "images"
+    r = cli(env, "dump", parent.pid, images, "--json", "--store", s3_store_url)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["store"] == s3_store_url
+    outputs = [r.stdout + r.stderr]
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    for node in ("node-a", "node-b"):
+        run = tmp_path / node
+        run.mkdir(mode=0o700)
+        node_env = {"tool": dict(env["tool"], CRIU_GPUSHARE_RUN_DIR=str(run),
+                                 CRIU_GPUSHARE_STORE=s3_store_url,
+                                 CRIU_GPUSHARE_CACHE=str(tmp_path / f"cache-{node}"))}
+        r = cli(node_env, "store", "prefetch", "--json")
+        assert r.returncode == 0 and json.loads(r.stdout)["fetched"] >= 1, r.stderr
+        outputs.append(r.stdout + r.stderr)
+        r = cli(node_env, "restore", images, "--json")
+        assert r.returncode == 0, r.stderr
+        outputs.append(r.stdout + r.stderr)
+        a.wait_ready()
+        assert values(a, "buf") == [42] * 4 and values(b, "buf") == [42] * 4
+        assert values(a, "ipc") == [7] * 4
+        write(b, "buf", 43)  # shared again
+        assert values(a, "buf") == [43] * 4
+        outputs += [p.read_text(errors="replace") for p in run.rglob("*") if p.is_file()]
+        kill_tree([a.pid, b.pid, parent.pid])
+        reap([parent.pid, a.pid, b.pid])
+    outputs += [(images / RECORD_NAME).read_text()]
+    assert not [o for o in outputs if SECRET_KEY in o]

@@ -4,7 +4,7 @@ import os
 import pytest
 
 from criu_gpushare.errors import StoreError
-from criu_gpushare.store import NodeCache, Source, prefetch
+from criu_gpushare.store import NodeCache, Source, open_from_settings, prefetch
 
 from store_helpers import age, chunk_bytes, chunk_path, commit_checkpoint
 
@@ -120,8 +120,8 @@ def test_a_store_opened_from_settings_reads_through_the_configured_cache(store, 
     cid = commit_checkpoint(store, "ck", [chunk_bytes(30)])[0].chunk_id
     settings = load_settings({"store": store.path, "cache": str(tmp_path / "c")},
                              environ={"CRIU_GPUSHARE_CONFIG": os.devnull})
-    with Store.from_settings(settings, use_cache=True) as st:
+    with open_from_settings(settings, use_cache=True) as st:
         prefetch(st, st.cache)
         assert st.get(cid, bytearray(4096), verify=True) is Source.CACHE
-    with Store.from_settings(settings) as st:  # a dump: no cache
+    with open_from_settings(settings) as st:  # a dump: no cache
         assert st.cache is None and st.get(cid, bytearray(4096)) is Source.STORE
