@@ -8,7 +8,8 @@
 #      NVSHMEM_DISABLE_NVLS=1);
 #   2. `pip install --no-build-isolation --no-deps -e .` (no network there; editable so that the
 #      package imported from the repository root is the built one, shim included)  -> OUT/pip-install.log
-#   3. unpacks the CRIU debs carried in .criu-debs/*.deb (Debian sid builds of CRIU 4.2.1 and pycriu)
+#   3. unpacks the debs carried in .criu-debs/*.deb (Debian sid builds of CRIU 4.2.1 and pycriu, and
+#      Debian 12's runc for tests/gpu/test_runc_gpu.py: `apt-get download runc` into .criu-debs/)
 #      under $CRIU_PREFIX (default /opt/criu, never /) and puts them on PATH, LD_LIBRARY_PATH, PYTHONPATH;
 #   4. prints versions: kernel, nvidia-smi, driver, python packages, criu --version, criu check
 #      -> OUT/versions.txt
