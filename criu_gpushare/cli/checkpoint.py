@@ -20,13 +20,25 @@ from ..errors import ProcessError
 from .suspend import parse_gpu_map
 
 
-def _criu_options(ctx_opts, leave_running=False):
+def _criu_options(ctx_opts, **more):
     plugins = libdir.plugin_dir_without_cuda()  # CRIU's CUDA plugin must not touch our tasks
-    return rpc.CriuOptions(leave_running=leave_running, libdir=plugins, **ctx_opts), plugins
+    return rpc.CriuOptions(libdir=plugins, **ctx_opts, **more), plugins
+
+
+def _extra_options(ctx, param, items):
+    try:
+        return rpc.check_extra(items)
+    except ValueError as e:
+        raise click.BadParameter(str(e), ctx=ctx, param=param) from None
 
 
 def criu_flags(fn):
-    """The CRIU options passed through, each meaning what criu's flag of that name does."""
+    """The CRIU options passed through, each meaning what criu's flag of that name does, and any
+    other through --criu-opt (written into CRIU's configuration file for this request)."""
+    fn = click.option("--criu-opt", "criu_opt", multiple=True, metavar="OPTION[=VALUE]",
+                      callback=_extra_options,
+                      help="Any other CRIU option, by its long name (repeatable), e.g. "
+                           "--criu-opt ext-mount-map=auto.")(fn)
     for flag in ("manage-cgroups", "file-locks", "ext-unix-sk", "tcp-established", "shell-job"):
         fn = click.option(f"--{flag}", flag.replace("-", "_"), is_flag=True,
                           help=f"CRIU's --{flag}.")(fn)
@@ -35,7 +47,9 @@ def criu_flags(fn):
 
 def _passed(kwargs):
     names = ("shell_job", "tcp_established", "ext_unix_sk", "file_locks", "manage_cgroups")
-    return {n: kwargs.pop(n) for n in names}
+    passed = {n: kwargs.pop(n) for n in names}
+    passed["extra"] = kwargs.pop("criu_opt")
+    return passed
 
 
 def _say(message):
@@ -46,10 +60,13 @@ def _say(message):
 @click.argument("pid", type=int)
 @click.argument("images_dir", metavar="DIR", type=click.Path(file_okay=False))
 @click.option("--leave-running", is_flag=True, help="Keep the tree running after the dump.")
+@click.option("--link-remap/--no-link-remap", default=True, show_default=True,
+              help="CRIU's --link-remap: files deleted but still open (the semaphores of Python "
+                   "multiprocessing's queues and locks) are dumped through a hard link.")
 @click.option("--store", help="Chunk store for the GPU memory (default: settings).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @criu_flags
-def dump(pid, images_dir, leave_running, store, as_json, **kwargs):
+def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
     """Checkpoint the process tree of PID into DIR with CRIU, its GPU memory into the store.
 
     The processes may share GPU memory. Without --leave-running CRIU kills the tree once it is
@@ -60,7 +77,8 @@ def dump(pid, images_dir, leave_running, store, as_json, **kwargs):
     os.makedirs(images_dir, exist_ok=True)
     images_dir = os.path.realpath(images_dir)
     settings = load_settings({"store": store})
-    options, plugins = _criu_options(_passed(kwargs), leave_running)
+    options, plugins = _criu_options(_passed(kwargs), leave_running=leave_running,
+                                     link_remap=link_remap)
     job = dump_engine.DumpJob(pid, images_dir, settings.store, verify=settings.verify, report=_say)
     state = {"gpu": False}
 

@@ -139,6 +139,39 @@ def check_cuda_plugin():
                  f"for the hook, set `libdir` in CRIU's config to a directory without {os.path.basename(path)}")
 
 
+# CRIU's node-wide configuration files (runc's is read for runc's requests); either may name the hook.
+CRIU_CONFIG_FILES = ("/etc/criu/default.conf", "/etc/criu/runc.conf")
+
+
+def _config_words(path):
+    with open(path) as f:
+        return [line.split() for line in f if line.strip() and not line.lstrip().startswith("#")]
+
+
+def check_link_remap(files=CRIU_CONFIG_FILES):
+    """A CRIU configuration that runs the hook must also turn on link-remap: every Python program
+    using multiprocessing queues or locks holds deleted semaphore files that CRIU dumps only so."""
+    missing, configured = [], []
+    for path in files:
+        try:
+            words = _config_words(path)
+        except OSError:
+            continue
+        if not any(w[0].lstrip("-") == "action-script" and len(w) > 1 and "criu-gpushare-hook" in w[1]
+                   for w in words):
+            continue
+        (configured if any(w[0].lstrip("-") == "link-remap" for w in words) else missing).append(path)
+    if missing:
+        return Check("criu-link-remap", WARN, f"{', '.join(missing)} runs criu-gpushare-hook without "
+                     "link-remap: dumps of programs using Python multiprocessing will fail",
+                     f"add a line `link-remap` to {', '.join(missing)} (hooks/runc.conf shows it)")
+    if configured:
+        return Check("criu-link-remap", PASS, f"link-remap set beside the hook in {', '.join(configured)}")
+    return Check("criu-link-remap", PASS, "no CRIU configuration file runs the hook; `criu-gpushare dump` "
+                 "turns link-remap on itself, and `criu dump --action-script criu-gpushare-hook` needs "
+                 "--link-remap added by hand")
+
+
 def check_pycriu():
     try:
         import pycriu  # noqa: F401  (ships with CRIU, not on PyPI)
@@ -165,7 +198,9 @@ def check_store():
         return Check("store", FAIL, "store settings module missing", "reinstall criu-gpushare")
     except Error as e:
         return Check("store", FAIL, str(e), "fix the configuration file or environment variable")
-    probe = store
+    if "://" in store:  # an object store: reached only when used
+        return Check("store", PASS, f"{store} (an object store: not checked here)")
+    probe = os.path.abspath(store)
     while not os.path.isdir(probe):  # the store is created on first use: check where it would be
         probe = os.path.dirname(probe)
     if not os.access(probe, os.W_OK | os.X_OK):
@@ -176,7 +211,7 @@ def check_store():
 
 def run_checks():
     checks = [check_driver(), check_checkpoint_api(), *check_gpus(), *check_criu(),
-              check_cuda_plugin(), check_pycriu(), check_shim(), check_store()]
+              check_cuda_plugin(), check_link_remap(), check_pycriu(), check_shim(), check_store()]
     return checks
 
 

@@ -52,6 +52,8 @@ class CriuOptions:
     file_locks: bool = False
     manage_cgroups: bool = False
     leave_running: bool = False  # dump only
+    link_remap: bool = False  # dump only: deleted files still open (multiprocessing's semaphores)
+    extra: tuple = ()  # (option, value or None) pairs, written into CRIU's config file (check_extra)
     log_level: int = 4
     log_file: str | None = None  # a name in the image directory; None: dump.log or restore.log
     libdir: str | None = None  # CRIU's plugin directory; RPC has no field, it goes in a config file
@@ -69,6 +71,7 @@ def dump(images_dir: str, pid: int, options: CriuOptions,
     opts = _request_options(rpc, options, "dump.log")
     opts.pid = pid
     opts.leave_running = options.leave_running
+    opts.link_remap = options.link_remap
     _request(binary, rpc, rpc.DUMP, opts, images_dir, options, on_notify, f"dump of pid {pid}")
 
 
@@ -146,8 +149,8 @@ def _request(binary, rpc, req_type, opts, images_dir, options, on_notify, what):
     try:
         opts.images_dir_fd = dir_fd
         opts.notify_scripts = on_notify is not None
-        if options.libdir:
-            config = _config_file(options.libdir)
+        if options.libdir or options.extra:
+            config = _config_file(options.libdir, options.extra)
             opts.config_file = config
         with _Worker(binary, options.timeout_s, what, log_path) as worker:
             resp = worker.converse(rpc, rpc.criu_req(type=req_type, opts=opts), on_notify)
@@ -173,13 +176,43 @@ def _failed(what: str, resp, log_path: str) -> CriuError:
     return CriuError(message, log_path, lines)
 
 
-def _config_file(libdir: str) -> str:
-    """An RPC config file (CRIU reads it after every other setting) carrying what RPC cannot."""
-    if '"' in libdir or "\n" in libdir:
+# Options the tool sets itself, or that would break its conversation with CRIU or its GPU steps.
+RESERVED_OPTIONS = frozenset({
+    "tree", "images-dir", "work-dir", "log-file", "output", "libdir", "config", "pidfile",
+    "action-script", "restore-detached", "restore-sibling", "leave-running", "leave-stopped",
+    "link-remap", "exec-cmd", "daemon", "status-fd", "lazy-pages", "track-mem", "prev-images-dir"})
+_OPTION_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+
+
+def check_extra(items) -> tuple:
+    """CRIU options given as OPTION[=VALUE] (CRIU's long names, without dashes) -> (option, value)
+    pairs for its config file; ValueError naming a malformed or reserved one."""
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        name = name.strip().lstrip("-")
+        if not _OPTION_NAME.match(name):
+            raise ValueError(f"{item!r}: not a CRIU option name (give OPTION or OPTION=VALUE, e.g. "
+                             "ext-mount-map=auto)")
+        if name in RESERVED_OPTIONS:
+            raise ValueError(f"{name!r} is set by criu-gpushare itself and cannot be passed through")
+        if any(c in value for c in '"\n\r'):
+            raise ValueError(f"{item!r}: a value cannot hold quotes or line breaks")
+        out.append((name, value if sep else None))
+    return tuple(out)
+
+
+def _config_file(libdir: str | None, extra=()) -> str:
+    """An RPC config file (CRIU reads it after every other setting) carrying what RPC cannot: the
+    plugin directory, and the options passed through (check_extra)."""
+    if libdir and ('"' in libdir or "\n" in libdir):
         raise CriuError(f"plugin directory {libdir!r}: CRIU's config files cannot name it")
     fd, path = tempfile.mkstemp(prefix="criu-gpushare-", suffix=".conf")
     with os.fdopen(fd, "w") as f:
-        f.write(f'libdir "{os.path.abspath(libdir)}"\n')
+        if libdir:
+            f.write(f'libdir "{os.path.abspath(libdir)}"\n')
+        for name, value in extra:
+            f.write(f'{name} "{value}"\n' if value is not None else f"{name}\n")
     return path
 
 

@@ -44,3 +44,30 @@ def test_doctor_says_whether_criu_cuda_plugin_is_installed(tmp_path, monkeypatch
     (tmp_path / "cuda_plugin.so").write_bytes(b"")
     c = check_cuda_plugin()
     assert c.status == "warn" and "cuda_plugin.so" in c.detail and "libdir" in c.fix
+
+
+def test_doctor_says_what_a_hook_user_must_add_for_link_remap(tmp_path):
+    from criu_gpushare.cli.doctor import check_link_remap
+    conf = tmp_path / "runc.conf"
+    assert check_link_remap([str(conf)]).status == "pass"  # no file: nothing configured
+    conf.write_text("action-script /usr/local/bin/criu-gpushare-hook\n")
+    c = check_link_remap([str(conf)])
+    assert c.status == "warn" and str(conf) in c.fix and "link-remap" in c.fix
+    conf.write_text("action-script /usr/local/bin/criu-gpushare-hook\n# comment\nlink-remap\n")
+    assert check_link_remap([str(conf)]).status == "pass"
+
+
+def test_the_shipped_criu_configurations_turn_link_remap_on():
+    import os
+    from criu_gpushare.cli.doctor import check_link_remap
+    hooks = os.path.join(os.path.dirname(__file__), "..", "..", "hooks")
+    files = [os.path.join(hooks, n) for n in ("runc.conf", "default.conf")]
+    c = check_link_remap(files)
+    assert c.status == "pass" and "runc.conf" in c.detail and "default.conf" in c.detail
+
+
+def test_doctor_does_not_treat_an_object_store_as_a_directory(monkeypatch):
+    from criu_gpushare.cli.doctor import check_store
+    monkeypatch.setenv("CRIU_GPUSHARE_STORE", "s3://bucket/prefix")
+    c = check_store()
+    assert c.status == "pass" and "s3://bucket/prefix" in c.detail

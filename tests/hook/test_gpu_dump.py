@@ -12,23 +12,12 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
-from shimtest import NO_MULTICAST_ENV, REAL_DRIVER, fake_only  # noqa: E402
+from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
 from criuwork import kill_tree, reap, share, start_tree, values, write
 from criu_gpushare.engine.record import RECORD_NAME
-from criu_gpushare.shimctl.shimlib import shim_path
 
 HOOK = shutil.which("criu-gpushare-hook")
-
-
-@pytest.fixture
-def env(request, tmp_path):
-    base = dict(os.environ, **NO_MULTICAST_ENV) if REAL_DRIVER else request.getfixturevalue("fake_env")
-    run_dir = tmp_path / "run"
-    run_dir.mkdir(mode=0o700)
-    tool = dict(base, CRIU_GPUSHARE_RUN_DIR=str(run_dir), CRIU_GPUSHARE_STORE=str(tmp_path / "store"),
-                CRIU_GPUSHARE_CACHE="")
-    return {"tool": tool, "app": dict(tool, LD_PRELOAD=shim_path()), "run": run_dir}
 
 
 @pytest.fixture
