@@ -144,9 +144,20 @@ class ToolResult:
         return self.rc == 0 and isinstance(self.summary, dict) and self.summary.get("ok", True) is not False
 
     def seconds(self):
-        """The tool's own time: the sum of its phases, else the wall time."""
-        phases = (self.summary or {}).get("seconds") or {}
-        return round(sum(phases.values()), 3) if phases else self.wall_s
+        """The command's time as it measured it (its phases' total, from its own start), else the
+        sum of its GPU steps, else the wall time."""
+        summary = self.summary or {}
+        if summary.get("phases"):
+            return summary["phases"]["total"]
+        steps = summary.get("seconds") or {}
+        return round(sum(steps.values()), 3) if steps else self.wall_s
+
+    def phases(self):
+        """Where the time went: the whole command's phases (CRIU's included) where it gives them,
+        else its GPU steps."""
+        summary = self.summary or {}
+        phases = {k: v for k, v in (summary.get("phases") or {}).items() if k != "total"}
+        return phases or summary.get("seconds", {})
 
     def why(self):
         if self.rc == 124:
@@ -180,7 +191,7 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout):
     """Out then back through the tool, then check the contents; fills row. False when it failed."""
     out = run_tool(out_args, env, timeout)
     row.out_wall_s, row.out_s = out.wall_s, out.seconds()
-    row.out_phases = (out.summary or {}).get("seconds", {}) if out.ok else {}
+    row.out_phases = out.phases() if out.ok else {}
     row.extra["out_bytes"] = (out.summary or {}).get("bytes") if out.ok else None
     row.extra["units"] = (out.summary or {}).get("units") if out.ok else None
     if not out.ok:
@@ -190,7 +201,7 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout):
         wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     back = run_tool(back_args, env, timeout)
     row.back_wall_s, row.back_s = back.wall_s, back.seconds()
-    row.back_phases = (back.summary or {}).get("seconds", {}) if back.ok else {}
+    row.back_phases = back.phases() if back.ok else {}
     if not back.ok:
         row.status, row.back_s = f"fails: {back_args[0]} {back.why()}", None
         return False

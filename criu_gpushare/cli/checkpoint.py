@@ -17,6 +17,7 @@ from ..criu import images, libdir, rpc
 from ..engine import dump as dump_engine, restore as restore_engine
 from ..engine.steps import format_summary
 from ..errors import ProcessError
+from .phases import PhaseClock, format_phases
 from .suspend import parse_gpu_map
 
 
@@ -72,6 +73,7 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
     The processes may share GPU memory. Without --leave-running CRIU kills the tree once it is
     dumped. On failure the tree runs on as before.
     """
+    clock = PhaseClock()
     if not os.path.exists(f"/proc/{pid}"):
         raise ProcessError(pid, "no such process")
     os.makedirs(images_dir, exist_ok=True)
@@ -84,18 +86,25 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
 
     def on_notify(action, _pid):
         if action == "pre-dump":
+            clock.mark("criu start")
             state["gpu"] = job.begin()
+            clock.mark("gpu out (pre-dump)")
         elif action == "post-dump" and state["gpu"]:
+            clock.mark("criu dump (freeze, memory, images)")
             job.complete()
+            clock.mark("store sync (post-dump)")
 
     try:
         rpc.dump(images_dir, pid, options, on_notify)
+        clock.mark("criu finish")
     finally:
         if plugins:
             shutil.rmtree(plugins, ignore_errors=True)
         if state["gpu"]:
             job.after_criu()
+            clock.mark("gpu back (tasks run on)")
     summary = job.group.summary("dumped") if state["gpu"] else {"state": "dumped", "pids": [], "seconds": {}}
+    summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "dump"))
     summary.update(images_dir=images_dir, image_bytes=_image_bytes(images_dir),
                    gpu_state=state["gpu"], left_running=leave_running)
     if state["gpu"]:
@@ -112,13 +121,16 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
 @criu_flags
 def restore(images_dir, store, gpu_map, as_json, **kwargs):
     """Restore the tree dumped into DIR, GPU state included; print the restored root pid."""
+    clock = PhaseClock()
     images_dir = os.path.realpath(images_dir)
     mapping = parse_gpu_map(gpu_map)
     settings = load_settings({})
     rec = restore_engine.check(images_dir, store, mapping, lambda: images.maps_libcuda(images_dir))
     options, plugins = _criu_options(_passed(kwargs))
+    clock.mark("check (image, store, GPUs)")
     try:
         root = rpc.restore(images_dir, options)
+        clock.mark("criu restore (processes, host memory)")
     finally:
         if plugins:
             shutil.rmtree(plugins, ignore_errors=True)
@@ -127,6 +139,8 @@ def restore(images_dir, store, gpu_map, as_json, **kwargs):
         summary.update(restore_engine.run(rec, root, store, mapping, settings.verify, report=_say,
                                           cache=settings.cache, cache_limit=settings.cache_limit))
         summary["pid"] = root
+        clock.mark("gpu back (driver restore, load)")
+    summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
     _print(summary, as_json, f"restored {images_dir}: root pid {root}")
     if not as_json:
         click.echo(root)
@@ -143,3 +157,5 @@ def _print(summary, as_json, line):
         _say(line)
         if summary.get("gpu_state") and summary.get("bytes"):
             _say(format_summary(summary))
+        if summary.get("phases"):
+            _say(format_phases(summary["phases"]))

@@ -48,6 +48,20 @@ def maps_libcuda(images_dir: str) -> bool:
     return False
 
 
+def stats(images_dir: str, action: str) -> dict:
+    """CRIU's own timings of a dump or restore (stats-dump / stats-restore), in seconds, with the
+    pages it moved; {} when CRIU wrote none (an older CRIU, a failed run)."""
+    name = f"stats-{action}"
+    if not os.path.exists(os.path.join(images_dir, name)):
+        return {}
+    try:
+        entry = _entries(images_dir, name)[0].get(action, {})
+    except ImageError:
+        return {}
+    return {k[:-5] if k.endswith("_time") else k: (v / 1e6 if k.endswith("_time") else v)
+            for k, v in entry.items() if k.endswith("_time") or k.startswith("pages_")}
+
+
 def pids(images_dir: str) -> list[int]:
     """The pids of the dumped processes (not threads), root first, from pstree.img."""
     return [task["pid"] for task in _entries(images_dir, "pstree.img")]

@@ -49,6 +49,14 @@ def reap_all(timeout=10):
             return
 
 
+def assert_phases_add_up(summary, *names):
+    """The --json phases cover the whole command: they add up to its total, CRIU's part included."""
+    phases = dict(summary["phases"])
+    total = phases.pop("total")
+    assert all(n in phases for n in names), phases
+    assert abs(sum(phases.values()) - total) < 0.01 + 0.001 * len(phases), summary["phases"]
+
+
 def remaps():
     return sorted(glob.glob("/dev/shm/link_remap.*"))
 
@@ -71,11 +79,17 @@ def test_the_wrapper_dumps_a_multiprocessing_tree_with_link_remap_by_default(env
     images = tmp_path / "images"
     r = cli(env, "dump", proc.pid, images, "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["gpu_state"]
+    out = json.loads(r.stdout)
+    assert out["gpu_state"]
+    assert_phases_add_up(out, "criu dump (freeze, memory, images)", "gpu out (pre-dump)")
+    assert out["criu_stats"]["frozen"] > 0 and out["criu_stats"]["pages_written"] > 0
     proc.wait(10)
     reap_all()
-    r = cli(env, "restore", images)
+    r = cli(env, "restore", images, "--json")
     assert r.returncode == 0, r.stderr
+    back = json.loads(r.stdout)
+    assert_phases_add_up(back, "criu restore (processes, host memory)", "gpu back (driver restore, load)")
+    assert back["criu_stats"]["restore"] > 0
     assert_back(client)
     assert remaps() == before, "CRIU's link_remap files are left behind"
 
