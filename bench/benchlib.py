@@ -307,11 +307,24 @@ class Workload:
             return f"WRONG ({e})"[:200]
 
     def reap(self, timeout=60):
+        """Once CRIU has ended the tree: wait until its pids are free for a restore. A tree that was
+        itself restored is no child of ours but of our subreaper role (become_subreaper), so every
+        zombie child is reaped, not only the process we started."""
         if self.proc is not None:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 pass
+        deadline = time.monotonic() + timeout
+        while any(_state(p) not in ("X", None) for p in self.pids):  # alive, or a zombie
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                pass
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
 
     def kill(self):
         """SIGKILL every process of the workload (a process stuck CHECKPOINTED only dies so)."""
@@ -331,6 +344,13 @@ class Workload:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+
+
+def become_subreaper():
+    """Processes that a restore reparents (a restored tree's root, once the tool exits) become this
+    process's children, so that Workload.reap can free their pids for the next restore."""
+    import ctypes
+    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def _state(pid):

@@ -97,6 +97,7 @@ class Bench:
         for _, d in self.targets:
             os.makedirs(d, exist_ok=True)
         self.rows, self.driver, self.live = [], None, []
+        bl.become_subreaper()  # restored trees are reaped here, their pids free for the next restore
         self.has = {}
 
     def log(self, msg):
