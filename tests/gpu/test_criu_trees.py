@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,31 +33,11 @@ CALL_TIMEOUT_S = 120
 JAX_ENV = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.08"}  # about 11 GiB preallocated on an H200
 
 
-def _subreaper():
-    """Orphans of the dumped trees (CRIU kills them) become ours, to be reaped before a restore."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
-
-
-def _reap_all(pids, timeout=30):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
-        except ChildProcessError:
-            pass
-        if not [p for p in pids if os.path.exists(f"/proc/{p}")]:
-            return
-        assert time.monotonic() < deadline, f"pids {pids} still exist after the dump"
-        time.sleep(0.05)
-
-
 class Tree:
     """A bench workload, dumped and restored through one door; the contents checked each cycle."""
 
     def __init__(self, tmp_path, name, script, args, env_extra=None):
-        _subreaper()
+        bl.become_subreaper()  # the dumped trees' orphans are reaped here
         self.tmp = tmp_path
         self.run_dir = str(tmp_path / "run")
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
@@ -81,7 +60,7 @@ class Tree:
         out = bl.run_tool(["dump", self.wl.pids[0], images], self.env, CALL_TIMEOUT_S)
         assert out.ok, f"dump: {out.why()}\n{out.stderr[-3000:]}"
         dump_s = time.monotonic() - t0
-        _reap_all(self.wl.pids)
+        self.wl.reap(30)
         t0 = time.monotonic()
         back = bl.run_tool(["restore", images], self.env, CALL_TIMEOUT_S)
         assert back.ok, f"restore: {back.why()}\n{back.stderr[-3000:]}"
@@ -93,7 +72,7 @@ class Tree:
         dump = run_criu(criu, "dump", images, ["-t", root, "--action-script", HOOK, "--link-remap"],
                         self.env, CALL_TIMEOUT_S)
         assert dump.returncode == 0, dump.tail(40)
-        _reap_all(self.wl.pids)
+        self.wl.reap(30)
         back = run_criu(criu, "restore", images, ["-d", "--action-script", HOOK, "--link-remap"],
                         self.env, CALL_TIMEOUT_S)
         assert back.returncode == 0, back.tail(40)
