@@ -316,13 +316,13 @@ class Workload:
             except subprocess.TimeoutExpired:
                 pass
         deadline = time.monotonic() + timeout
-        while any(_state(p) not in ("X", None) for p in self.pids):  # alive, or a zombie
-            try:
-                while os.waitpid(-1, os.WNOHANG)[0]:
+        while True:
+            try:  # every zombie child: a helper of the tree (multiprocessing's resource tracker)
+                while os.waitpid(-1, os.WNOHANG)[0]:  # still holds the tree's session id
                     pass
             except ChildProcessError:
                 pass
-            if time.monotonic() > deadline:
+            if not any(_state(p) not in ("X", None) for p in self.pids) or time.monotonic() > deadline:
                 return
             time.sleep(0.02)
 
