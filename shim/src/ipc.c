@@ -456,15 +456,20 @@ int gs_ipc_get(uint64_t va, unsigned char out[64], char *err, size_t errlen)
     int pushed = want_base ? push_owner_ctx((CUdeviceptr)va) : 0;
     /* Only memory a lazy handle was given for, and still the same allocation (not freed and
      * allocated again at that address). */
-    if (!want_base || alloc_range((CUdeviceptr)va, &base, &size) != CUDA_SUCCESS ||
-        base != want_base || size != want_size) {
+    CUresult r = want_base ? alloc_range((CUdeviceptr)va, &base, &size) : CUDA_SUCCESS;
+    if (!want_base || r != CUDA_SUCCESS || base != want_base || size != want_size) {
         pop_owner_ctx(pushed);
-        snprintf(err, errlen, "gone: no CUDA IPC handle of memory at 0x%llx was given out here",
-                 (unsigned long long)va);
+        if (r != CUDA_SUCCESS) /* the driver's answer says why (freed, or a driver fact changed) */
+            snprintf(err, errlen,
+                     "gone: the memory at 0x%llx is not there (cuMemGetAddressRange: %s)",
+                     (unsigned long long)va, gs_cu_name(r));
+        else
+            snprintf(err, errlen, "gone: no CUDA IPC handle of memory at 0x%llx was given out here",
+                     (unsigned long long)va);
         return -1;
     }
     CUipcMemHandle h;
-    CUresult r = REAL(cuIpcGetMemHandle)(&h, (CUdeviceptr)va);
+    r = REAL(cuIpcGetMemHandle)(&h, (CUdeviceptr)va);
     pop_owner_ctx(pushed);
     if (r != CUDA_SUCCESS) {
         snprintf(err, errlen, "cuIpcGetMemHandle of 0x%llx: %s", (unsigned long long)va,
