@@ -343,6 +343,33 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
 
 /* ---- legacy CUDA IPC ---------------------------------------------------------------------------- */
 
+/* Makes the context that owns the memory at va current on this thread: the driver answers
+ * cuMemGetAddressRange (and cuIpcGetMemHandle) only on a thread with a current context, and the
+ * control thread that serves ipcget has none. Pointer attributes need none. Returns 1 if pushed. */
+static int push_owner_ctx(CUdeviceptr va)
+{
+    CUcontext ctx = NULL;
+    if (CU(CUresult(*)(void *, CUpointer_attribute, CUdeviceptr), cuPointerGetAttribute, &ctx,
+           CU_POINTER_ATTRIBUTE_CONTEXT, va) != CUDA_SUCCESS || !ctx)
+        return 0;
+    return CU(CUresult(*)(CUcontext), cuCtxPushCurrent_v2, ctx) == CUDA_SUCCESS;
+}
+
+static void pop_owner_ctx(int pushed)
+{
+    CUcontext old;
+    if (pushed)
+        CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
+}
+
+/* The allocation holding va, which the driver's legacy IPC shares whole. Both callers ask with the
+ * owner's context pushed, so the program's thread and the control thread get the same answer. */
+static CUresult alloc_range(CUdeviceptr va, CUdeviceptr *base, size_t *size)
+{
+    return CU(CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr), cuMemGetAddressRange_v2, base,
+              size, va);
+}
+
 /* Driver memory that legacy IPC can share: its base and size. */
 static int legacy_ipc_capable(CUdeviceptr dptr, CUdeviceptr *base, size_t *size)
 {
@@ -350,8 +377,10 @@ static int legacy_ipc_capable(CUdeviceptr dptr, CUdeviceptr *base, size_t *size)
     if (CU(CUresult(*)(void *, CUpointer_attribute, CUdeviceptr), cuPointerGetAttribute, &capable,
            CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, dptr) != CUDA_SUCCESS || !capable)
         return 0;
-    return CU(CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr), cuMemGetAddressRange_v2, base, size,
-              dptr) == CUDA_SUCCESS;
+    int pushed = push_owner_ctx(dptr);
+    CUresult r = alloc_range(dptr, base, size);
+    pop_owner_ctx(pushed);
+    return r == CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
@@ -424,22 +453,24 @@ int gs_ipc_get(uint64_t va, unsigned char out[64], char *err, size_t errlen)
     gs_unlock();
     CUdeviceptr base = 0;
     size_t size = 0;
+    int pushed = want_base ? push_owner_ctx((CUdeviceptr)va) : 0;
     /* Only memory a lazy handle was given for, and still the same allocation (not freed and
      * allocated again at that address). */
-    if (!want_base ||
-        CU(CUresult(*)(CUdeviceptr *, size_t *, CUdeviceptr), cuMemGetAddressRange_v2, &base, &size,
-           (CUdeviceptr)va) != CUDA_SUCCESS || base != want_base || size != want_size) {
-        snprintf(err, errlen, "gone: no CUDA IPC handle of memory at 0x%llx was given out here",
-                 (unsigned long long)va);
+    CUresult r = want_base ? alloc_range((CUdeviceptr)va, &base, &size) : CUDA_SUCCESS;
+    if (!want_base || r != CUDA_SUCCESS || base != want_base || size != want_size) {
+        pop_owner_ctx(pushed);
+        if (r != CUDA_SUCCESS) /* the driver's answer says why (freed, or a driver fact changed) */
+            snprintf(err, errlen,
+                     "gone: the memory at 0x%llx is not there (cuMemGetAddressRange: %s)",
+                     (unsigned long long)va, gs_cu_name(r));
+        else
+            snprintf(err, errlen, "gone: no CUDA IPC handle of memory at 0x%llx was given out here",
+                     (unsigned long long)va);
         return -1;
     }
-    int dev = -1;
-    CU(CUresult(*)(void *, CUpointer_attribute, CUdeviceptr), cuPointerGetAttribute, &dev,
-       CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, (CUdeviceptr)va);
-    int pushed = gs_push_ctx(dev);
     CUipcMemHandle h;
-    CUresult r = REAL(cuIpcGetMemHandle)(&h, (CUdeviceptr)va);
-    gs_pop_ctx(pushed);
+    r = REAL(cuIpcGetMemHandle)(&h, (CUdeviceptr)va);
+    pop_owner_ctx(pushed);
     if (r != CUDA_SUCCESS) {
         snprintf(err, errlen, "cuIpcGetMemHandle of 0x%llx: %s", (unsigned long long)va,
                  gs_cu_name(r));

@@ -395,7 +395,8 @@ int gs_untracked_list(char msgs[GS_UNTRACKED_MAX][GS_UNTRACKED_LEN])
         snprintf(msgs[n++], GS_UNTRACKED_LEN,
                  "%d CUDA IPC import(s) of memory not allocated through the shim (its exporter "
                  "runs without the shim, or the allocation is below the cuMem backing "
-                 "threshold): the driver cannot restore them",
+                 "threshold, CRIU_GPUSHARE_MALLOC_MIN in the exporter's environment): the driver "
+                 "cannot restore them",
                  foreign);
     if (unresolved)
         snprintf(msgs[n++], GS_UNTRACKED_LEN,

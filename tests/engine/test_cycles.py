@@ -5,6 +5,8 @@ import os
 import signal
 import time
 
+import pytest
+
 from lctest import (SIZE, assert_gpu_memory, assert_no_gpu_memory, assert_shared, device_usage,
                     fd_target, resume, shim_state, share, suspend, values, wait_for, write)
 
@@ -149,6 +151,24 @@ def test_legacy_ipc_through_the_shim(lc, workload):
         resume(lc, a.pid, b.pid)
         assert values(b, "buf") == [50 + cycle] * 4
         assert_shared(a, b)
+
+
+@pytest.mark.parametrize("size", [4096, SIZE], ids=["driver-memory", "backed"])
+def test_an_ipc_handle_from_before_the_suspends_opens_in_a_new_importer(lc, workload, size):
+    """A CUDA IPC handle taken before suspend/resume cycles of its exporter opens in a process
+    started after them, on the memory as it is now: below the backing threshold (the driver
+    checkpoints and restores that memory itself) and backed by the shim."""
+    a = workload()
+    a.do(f"malloc buf {size}")
+    handle = a.do("ipcget buf")["handle"]
+    for cycle in range(2):
+        write(a, "buf", 60 + cycle)
+        suspend(lc, a.pid)
+        resume(lc, a.pid)
+    b = workload()
+    b.do(f"ipcopen buf {handle} {size}")
+    assert values(b, "buf") == [61] * 4
+    assert_shared(a, b)
 
 
 def test_tree_suspends_children(lc, workload, tmp_path):

@@ -1,6 +1,8 @@
 """A CUDA process driven line by line, for tests of the fake driver.
 
-Run as ``python cuda_worker.py`` with the fake driver on LD_LIBRARY_PATH. It reads one command a line
+Run as ``python cuda_worker.py`` with the fake driver on LD_LIBRARY_PATH (every command but
+``kernel`` and ``sleep_kernel``, which launch the fake's kernels, also works on the real driver:
+tests/shim/test_ipc_lazy.py checkpoints from it there). It reads one command a line
 on stdin and answers one line on stdout: ``ok [values...]`` or ``err <CUresult name>``. Buffers are
 named; sizes and values are integers (0x... accepted). Commands:
 
@@ -64,7 +66,8 @@ class Worker:
         self.ctx = ok(cu.cuDevicePrimaryCtxRetain(self.dev))
         ok(cu.cuCtxSetCurrent(self.ctx))
         self.bufs: dict[str, dict] = {}
-        self.module = ok(cu.cuModuleLoadData(b"fakecuda"))
+        self.module = None  # the fake's kernels, loaded by the first launch: the other commands
+        # (checkpoint calls above all) also run against the real driver
 
     # -- helpers -----------------------------------------------------------------------------------
     def _access(self, dev: int):
@@ -165,6 +168,8 @@ class Worker:
         return hex(out.value)
 
     def _launch(self, kname, args, types, stream):
+        if self.module is None:
+            self.module = ok(cu.cuModuleLoadData(b"fakecuda"))
         func = ok(cu.cuModuleGetFunction(self.module, kname.encode()))
         ok(cu.cuLaunchKernel(func, 1, 1, 1, 1, 1, 1, 0, stream, (args, types), 0))
 

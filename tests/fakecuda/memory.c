@@ -392,9 +392,13 @@ FK_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total)
     return CUDA_SUCCESS;
 }
 
+/* Unlike the pointer attributes, the real driver answers this only with a context current on the
+ * calling thread (CUDA_ERROR_INVALID_CONTEXT otherwise, whichever context owns the memory). */
 FK_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
 {
     FK_API("cuMemGetAddressRange_v2");
+    CUresult r = fk_require_ctx(NULL);
+    if (r) return r;
     fk_lock();
     struct fk_map *m = fk_map_at((uintptr_t)dptr);
     struct fk_host *h = m ? NULL : fk_host_at((uintptr_t)dptr);

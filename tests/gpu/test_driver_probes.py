@@ -13,9 +13,10 @@ import os
 import pytest
 from criu_runner import run_criu
 from probe_harness import PROBES_DIR, nvidia_fds, record
-from probe_scenarios import (DRIVER_FACTS, IMPORTER_CYCLE, SUCCESS, all_succeeded,
-                             driver_cycle, exporter_checkpoint, importer_cycle, one_probe_line,
-                             rates, released_importer_cycle, tool_copy)
+from probe_scenarios import (DRIVER_FACTS, IMPORTER_CYCLE, LAZY_IPC_FACTS, SUCCESS, all_succeeded,
+                             driver_cycle, exporter_checkpoint, importer_cycle, lazy_ipc_cycle,
+                             lazy_ipc_facts, one_probe_line, rates, released_importer_cycle,
+                             tool_copy)
 
 SHARE_MIB = 256            # importer/exporter facts do not depend on size
 CRIU_MIB = 1024            # single process through CRIU
@@ -73,6 +74,20 @@ def test_released_importer_checkpoints_and_reimports_at_same_va(probes):
     assert reimported["va"] == seen["importer"]["va"] == seen["released"]["va"], (
         f"re-imported at {reimported['va']:#x}, first mapped at {seen['importer']['va']:#x}")
     assert reimported["data_ok"], f"data after re-import differs at offset {reimported['bad_offset']}"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20])
+def test_legacy_ipc_of_memory_the_driver_restores(probes, nbytes):
+    """A small cuMemAlloc through two driver cycles: its range needs a current context (the shim's
+    ipcget pushes the owner's); a handle from before does not open, one taken after does."""
+    seen = lazy_ipc_cycle(probes, nbytes)
+    facts = lazy_ipc_facts(seen)
+    again = seen["again"] or {}
+    record("lazy_ipc", bytes=nbytes, range=seen["ready"]["queries"]["main_range"],
+           same_handle_bytes=again.get("same_bytes"),
+           **{key: value for key, value in facts.items() if value != LAZY_IPC_FACTS[key]})
+    assert facts == LAZY_IPC_FACTS, probes.describe()
 
 
 @pytest.mark.timeout(120)

@@ -14,7 +14,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
 from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
-from criuwork import kill_tree, reap, share, start_tree, values, write
+from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
 from criu_gpushare.engine.record import RECORD_NAME
 
 HOOK = shutil.which("criu-gpushare-hook")
@@ -118,6 +118,30 @@ def wait_gone(env, timeout=20):
     while [n for n in os.listdir(env["run"]) if n.startswith("journal-")]:
         assert time.monotonic() < deadline, "the dump's journal stays"
         time.sleep(0.05)
+
+
+def test_ipc_handles_from_before_the_dump_open_in_a_new_importer(env, tree, tmp_path):
+    """CUDA IPC handles taken before a dump open after the restore in a process started then: of
+    memory below the backing threshold (the driver's own, which its checkpoint restores; the
+    shim's record of the handle comes back in CRIU's image of the process) and of backed memory."""
+    parent, a, b = tree
+    a.do("malloc small 4096")
+    write(a, "small", 5)
+    handles = {name: a.do(f"ipcget {name}")["handle"] for name in ("small", "ipc")}
+    images, _ = dumped(env, tree, tmp_path)
+    r = cli(env, "restore", images)
+    assert r.returncode == 0, r.stderr
+    a.wait_ready()
+    late = SockWorkload(env["app"], tmp_path / "late.sock")
+    try:
+        for name, size, value in (("small", 4096, 5), ("ipc", 4 << 20, 7)):
+            late.do(f"ipcopen {name} {handles[name]} {size}")
+            assert values(late, name) == [value] * 4, f"{name}: not the exporter's memory"
+            write(late, name, value + 1)
+            assert values(a, name) == [value + 1] * 4, f"{name}: sharing is not live"
+    finally:
+        late.kill()
+        late.reap()
 
 
 def dumped(env, tree, tmp_path):

@@ -20,6 +20,24 @@ DRIVER_FACTS = {
     "stuck_unlock": "CUDA_ERROR_ILLEGAL_STATE",
 }
 
+# Legacy CUDA IPC of memory the driver checkpoints itself (a cuMemAlloc below the shim's backing
+# threshold), as the shim's lazy handles use it: lazy_ipc_facts() of a lazy_ipc_cycle().
+LAZY_IPC_FACTS = {
+    "cycles_ok": True,
+    # the shim's control thread has no context: it must push one to ask the range
+    "range_without_context": "CUDA_ERROR_INVALID_CONTEXT",
+    "pointer_attributes_without_context": [SUCCESS, True],
+    "range_with_owner_context_pushed_is_the_same": True,
+    "range_kept_by_restore": True,
+    "data_kept_by_restore": True,
+    # a driver handle does not survive its exporter's restore: why the shim's handles are lazy
+    "open_of_handle_from_before_restore": "CUDA_ERROR_INVALID_HANDLE",
+    # the driver handle ipcget takes after the restore opens, on the same memory both ways
+    "open_of_handle_taken_after_restore": SUCCESS,
+    "importer_sees_the_data": True,
+    "exporter_sees_the_importers_write": True,
+}
+
 # The step list of an importer's full driver cycle (indices used by the tests).
 IMPORTER_CYCLE = ("lock", "checkpoint", "restore", "state", "unlock")
 
@@ -68,6 +86,57 @@ def driver_cycle(session: ProbeSession, holders, lock_timeout_ms=10000):
                              f"unlock:{pids}", lock_timeout_ms=lock_timeout_ms)
     verified = {name: session.request(name, "verify") for name in holders} if all_succeeded(run) else {}
     return run, verified
+
+
+def lazy_ipc_cycle(session: ProbeSession, nbytes, cycles=2):
+    """legacy_ipc.py: an exporter of `nbytes` of cuMemAlloc memory with a legacy IPC handle taken
+    at once goes through `cycles` driver cycles (lock, checkpoint, restore, unlock); then the
+    handle from before and one taken after are each opened by a new process (the second writes
+    the pattern of seed 4). Returns dict(ready, runs, again, opens {before, after}, shared)."""
+    session.start("exporter", "legacy_ipc.py", "exporter", "--dir", session.dir, "--bytes", nbytes)
+    ready = session.wait_for("exporter.ready")
+    pid = ready["pid"]
+    seen = {"ready": ready, "runs": [], "again": None, "opens": {}, "shared": None}
+    for _ in range(cycles):
+        run = session.checkpoint(f"lock:{pid}", f"checkpoint:{pid}", f"restore:{pid}",
+                                 f"unlock:{pid}")
+        seen["runs"].append(run)
+        if not all_succeeded(run):
+            return seen
+    seen["again"] = session.request("exporter", "again")
+    for which, handle in (("before", ready["before"]), ("after", seen["again"]["after"])):
+        rc, output = session.run_program(f"importer-{which}", "legacy_ipc.py", "importer",
+                                         "--handle", handle, "--bytes", nbytes, "--seed", 1,
+                                         "--write", 4, timeout=60)
+        seen["opens"][which] = one_probe_line(output, "ipc_open") if rc == 0 else {"rc": rc}
+    seen["shared"] = session.request("exporter", "verify", {"seed": 4})
+    return seen
+
+
+def lazy_ipc_facts(seen):
+    """What a lazy_ipc_cycle() showed, in the terms of LAZY_IPC_FACTS."""
+    facts = {"cycles_ok": all(all_succeeded(run) for run in seen["runs"])}
+    if seen["again"] is None:
+        return facts
+    first, last = seen["ready"]["queries"], seen["again"]["queries"]
+
+    def same(key):  # the answer, when it did not change across the restores; else both
+        return first.get(key) if first.get(key) == last.get(key) else [first.get(key), last.get(key)]
+
+    opens = seen["opens"]
+    facts.update({
+        "range_without_context": same("bare_range"),
+        "pointer_attributes_without_context": [same("bare_context"), same("bare_ipc_capable")],
+        "range_with_owner_context_pushed_is_the_same":
+            all(q.get("pushed_range") == q["main_range"] for q in (first, last)),
+        "range_kept_by_restore": first["main_range"] == last["main_range"],
+        "data_kept_by_restore": seen["again"]["data_ok"],
+        "open_of_handle_from_before_restore": opens["before"].get("result"),
+        "open_of_handle_taken_after_restore": opens["after"].get("result"),
+        "importer_sees_the_data": opens["after"].get("data_ok") == "True",
+        "exporter_sees_the_importers_write": seen["shared"]["data_ok"],
+    })
+    return facts
 
 
 def all_succeeded(run: CheckpointRun):

@@ -13,9 +13,9 @@ import time
 
 import pytest
 from probe_harness import CheckpointRun, ProbeSession
-from probe_scenarios import (DRIVER_FACTS, IMPORTER_CYCLE, SUCCESS, all_succeeded, driver_cycle,
-                             exporter_checkpoint, importer_cycle, one_probe_line,
-                             released_importer_cycle, tool_copy)
+from probe_scenarios import (DRIVER_FACTS, IMPORTER_CYCLE, LAZY_IPC_FACTS, SUCCESS, all_succeeded,
+                             driver_cycle, exporter_checkpoint, importer_cycle, lazy_ipc_cycle,
+                             lazy_ipc_facts, one_probe_line, released_importer_cycle, tool_copy)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -68,6 +68,11 @@ def test_exported_fd_stays_open_after_checkpoint(probes):
     back = probes.checkpoint(f"restore:{pid}", f"unlock:{pid}")
     assert all_succeeded(back), back
     assert probes.request("exporter", "verify")["data_ok"]
+
+
+@pytest.mark.parametrize("nbytes", [4096, 1 << 20])
+def test_legacy_ipc_of_memory_the_driver_restores(probes, nbytes):
+    assert lazy_ipc_facts(lazy_ipc_cycle(probes, nbytes)) == LAZY_IPC_FACTS
 
 
 def test_driver_cycle_in_place_keeps_contents(probes):

@@ -188,8 +188,28 @@ def test_ipc_of_memory_below_the_backing_threshold_is_refused_in_the_importer_on
     assert any("CUDA IPC handle(s)" in n for n in exporter.status()["notes"])
     control.quiesce(exporter.pid)  # the exporter itself can be checkpointed
     control.resume(exporter.pid)
-    with pytest.raises(ShimError, match="refused.*below the cuMem backing threshold"):
+    with pytest.raises(ShimError, match="refused.*below the cuMem backing threshold, "
+                                        "CRIU_GPUSHARE_MALLOC_MIN in the exporter's environment"):
         control.quiesce(importer.pid)
+    importer.do("ipcclose small")
+    control.quiesce(importer.pid)  # nothing of the exporter's left open: it can be checkpointed
+    control.resume(importer.pid)
+
+
+def test_ipc_of_small_memory_backed_by_a_lower_threshold_can_be_checkpointed_in_the_importer(
+        workload):
+    """CRIU_GPUSHARE_MALLOC_MIN lowered in the exporter: the small allocation is the shim's (its
+    IPC handle names it by id), so its importer is no longer refused."""
+    exporter, importer = workload({"CRIU_GPUSHARE_MALLOC_MIN": "4096"}), workload()
+    exporter.do("malloc small 4096")
+    exporter.do("fill small 9")
+    exporter.do("sync")
+    handle = exporter.do("ipcget small")["handle"]
+    assert bytes.fromhex(handle)[:8] == b"CRIUGSH1"
+    importer.do(f"ipcopen small {handle} 4096")
+    assert importer.do("read small")["values"] == [9] * 4
+    control.quiesce(importer.pid)
+    control.resume(importer.pid)
 
 
 def test_page_locked_host_memory_is_tracked(workload):
