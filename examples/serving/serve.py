@@ -1,0 +1,196 @@
+"""A serving-shaped process tree, small enough to read in one go, built like real inference servers:
+
+  api       (this process, no CUDA, never imports torch) answers HTTP-less JSON lines on TCP
+            127.0.0.1:PORT, one request per connection, and forwards each to the engine;
+  engine    (a child, no CUDA) listens on a unix socket in DIR, keeps the request queue and hands
+            each request to a worker over multiprocessing queues (their semaphores are deleted
+            files in /dev/shm: CRIU's link-remap);
+  worker 0, worker 1 (the engine's children, torch on the GPU): worker 0 makes the weights and
+            sends them to worker 1 through a queue (CUDA IPC: one copy on the GPU, mapped by
+            both); each has a KV-cache-like pool of fixed-size blocks (one preallocated tensor,
+            blocks taken per request and given back) and a decode step captured once as a CUDA
+            graph and replayed for every token.
+
+A request is {"tokens": [ints]}; the answer is {"tokens": [the greedy continuation], "sum": a
+checksum of the KV blocks it used, "worker": which worker}. Both depend only on the request and
+the weights: the same request always gets the same answer, before and after a checkpoint.
+
+    python serve.py --dir DIR [--port PORT]     # writes DIR/ready ({"port": ..., "pids": [...]})
+
+Run it under the shim (`criu-gpushare run -- python serve.py ...`): every child inherits it.
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import threading
+
+VOCAB, DIM, BLOCK_TOKENS, BLOCKS, STEPS = 512, 256, 16, 64, 8
+
+for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+               ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[_k] = _v  # NVLink multicast stays off here and in every child
+
+
+def _lines(conn):
+    with conn, conn.makefile("rw") as f:
+        line = f.readline()
+        if line:
+            yield f, json.loads(line)
+
+
+# -- worker (torch, GPU) -------------------------------------------------------------------------
+
+class Model:
+    def __init__(self, torch, weights):
+        self.torch = torch
+        self.emb, self.w1, self.w2 = weights
+        self.pool = torch.zeros(BLOCKS, BLOCK_TOKENS, DIM, device="cuda")  # the KV-cache-like pool
+        self.free = list(range(BLOCKS))
+        self.state = torch.zeros(1, DIM, device="cuda")  # the graph's static input and output
+        self.logits = torch.zeros(1, VOCAB, device="cuda")
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up before capture, as torch asks
+            for _ in range(2):
+                self._step()
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._step()
+        torch.cuda.synchronize()
+
+    def _step(self):
+        hidden = self.torch.tanh(self.state @ self.w1)
+        self.logits.copy_(hidden @ self.w2)
+
+    def answer(self, tokens):
+        torch = self.torch
+        need = (len(tokens) + STEPS + BLOCK_TOKENS - 1) // BLOCK_TOKENS
+        if need > len(self.free):
+            raise RuntimeError("KV pool exhausted")
+        blocks = [self.free.pop() for _ in range(need)]
+        try:
+            kv = self.pool[blocks].view(-1, DIM)
+            kv[:len(tokens)] = self.emb[torch.tensor(tokens, device="cuda") % VOCAB]
+            out, n = [], len(tokens)
+            for _ in range(STEPS):
+                self.state.copy_(kv[:n].mean(0, keepdim=True))
+                self.graph.replay()
+                nxt = int(self.logits.argmax())
+                out.append(nxt)
+                kv[n] = self.emb[nxt]
+                n += 1
+            self.pool[blocks] = kv.view(len(blocks), BLOCK_TOKENS, DIM)
+            checksum = float(kv[:n].double().sum())
+            return out, round(checksum, 6)
+        finally:
+            self.pool[blocks] = 0
+            self.free.extend(blocks)
+
+
+def worker(index, inbox, outbox, weights_q):
+    import torch
+    import torch.multiprocessing  # noqa: F401  (registers CUDA tensors' sharing through queues)
+
+    torch.manual_seed(1234)
+    if index == 0:
+        gen = torch.Generator(device="cuda").manual_seed(1234)
+        weights = [torch.randn(VOCAB, DIM, device="cuda", generator=gen),
+                   torch.randn(DIM, DIM, device="cuda", generator=gen) / DIM ** 0.5,
+                   torch.randn(DIM, VOCAB, device="cuda", generator=gen) / DIM ** 0.5]
+        torch.cuda.synchronize()
+        weights_q.put(weights)  # to worker 1, through CUDA IPC
+        keep = weights
+    else:
+        keep = weights_q.get()  # the same GPU memory as worker 0's
+    model = Model(torch, keep)
+    outbox.put(("ready", index, os.getpid()))
+    while True:
+        rid, tokens = inbox.get()
+        try:
+            out, checksum = model.answer(tokens)
+            outbox.put((rid, {"tokens": out, "sum": checksum, "worker": index}))
+        except Exception as e:  # the request fails, the worker serves on
+            outbox.put((rid, {"error": f"{type(e).__name__}: {e}"}))
+
+
+# -- engine (no CUDA) ----------------------------------------------------------------------------
+
+def engine(directory, started):
+    ctx = mp.get_context("spawn")
+    weights_q, outbox = ctx.Queue(), ctx.Queue()
+    inboxes = [ctx.Queue(), ctx.Queue()]
+    workers = [ctx.Process(target=worker, args=(i, inboxes[i], outbox, weights_q), daemon=True)
+               for i in range(2)]
+    for w in workers:
+        w.start()
+    pids = {}
+    while len(pids) < 2:
+        tag, index, pid = outbox.get(timeout=600)
+        pids[index] = pid
+    path = os.path.join(directory, "engine.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)  # CRIU restores a listening socket at the name it was bound to
+    srv.listen(64)
+    started.put([os.getpid(), pids[0], pids[1]])
+    lock, seq = threading.Lock(), [0]
+    while True:
+        conn, _ = srv.accept()
+        for f, req in _lines(conn):
+            tokens = [int(t) for t in req["tokens"]]
+            with lock:  # one request at a time on the queues: answers never cross
+                seq[0] += 1
+                rid = seq[0]
+                inboxes[sum(tokens) % 2].put((rid, tokens))
+                got, answer = outbox.get(timeout=600)
+            f.write(json.dumps(answer if got == rid else {"error": "answer out of order"}) + "\n")
+
+
+# -- api (no CUDA) -------------------------------------------------------------------------------
+
+def ask_engine(directory, req):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(600)
+        s.connect(os.path.join(directory, "engine.sock"))
+        s.sendall((json.dumps(req) + "\n").encode())
+        with s.makefile("r") as f:
+            return json.loads(f.readline())
+
+
+def serve_client(conn, directory):
+    try:
+        for f, req in _lines(conn):
+            f.write(json.dumps(ask_engine(directory, req)) + "\n")
+    except (OSError, ValueError):
+        pass  # a client gone (a connection CRIU closed at a dump): the next one is served
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dir", required=True)
+    ap.add_argument("--port", type=int, default=0)
+    args = ap.parse_args()
+    ctx = mp.get_context("spawn")
+    started = ctx.Queue()
+    ctx.Process(target=engine, args=(args.dir, started), daemon=True).start()
+    engine_pids = started.get(timeout=900)
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("127.0.0.1", args.port))
+    srv.listen(64)
+    info = {"port": srv.getsockname()[1], "pids": [os.getpid(), *engine_pids]}
+    tmp = os.path.join(args.dir, "ready.tmp")
+    with open(tmp, "w") as f:
+        json.dump(info, f)
+    os.rename(tmp, os.path.join(args.dir, "ready"))
+    print(f"serving on 127.0.0.1:{info['port']}, pids {info['pids']}", flush=True)
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=serve_client, args=(conn, args.dir), daemon=True).start()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
