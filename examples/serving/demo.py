@@ -1,11 +1,12 @@
 """Dump the serving tree (serve.py) under traffic, restore it, and check that every request gets
 the answer it got before the dump.
 
-    python examples/serving/demo.py [--door wrapper|hook] [--dir DIR]
+    python examples/serving/demo.py [--door wrapper|hook] [--dir DIR] [--model cpu]
 
-Needs a GPU, torch, CRIU >= 4 and criu-gpushare installed, and root. The tree runs under the shim;
-CRIU's link-remap (multiprocessing's semaphores) and tcp-close (connections open at the dump are
-restored closed: their requests fail and are sent again) are passed through. Exit 0 when every
+Needs a GPU, torch, CRIU >= 4 and criu-gpushare installed, and root (--model cpu: no GPU, no torch).
+The tree runs under the shim. CRIU options passed through: link-remap (multiprocessing's
+semaphores), tcp-close (connections open at the dump are restored closed: their requests fail and
+are sent again) and skip-in-flight (connections not yet accepted are dropped). Exit 0 when every
 answer matches.
 """
 import argparse
@@ -31,18 +32,19 @@ def tool():
 
 
 class ServingTree:
-    def __init__(self, directory, env=None):
+    def __init__(self, directory, env=None, model="cuda"):
         self.dir = directory
         self.env = dict(env or os.environ)
         ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER: we reap what CRIU kills
         log = open(os.path.join(directory, "serve.log"), "ab")
         self.proc = subprocess.Popen([*tool(), "run", "--", sys.executable, os.path.join(HERE, "serve.py"),
-                                      "--dir", directory], stdin=subprocess.DEVNULL, stdout=log,
+                                      "--dir", directory, "--model", model], stdin=subprocess.DEVNULL, stdout=log,
                                      stderr=log, start_new_session=True, env=self.env)
         ready = os.path.join(directory, "ready")
         deadline = time.monotonic() + TIMEOUT_S
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill_group()
                 raise RuntimeError(f"the tree did not start: {self.log_tail()}")
             time.sleep(0.1)
         with open(ready) as f:
@@ -78,8 +80,15 @@ class ServingTree:
                 return
             time.sleep(0.05)
 
+    def kill_group(self):
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+
     def kill(self):
-        for pid in self.pids:
+        self.kill_group()
+        for pid in getattr(self, "pids", []):
             try:
                 os.kill(pid, 9)
             except ProcessLookupError:
@@ -120,11 +129,12 @@ def dump_and_restore(tree, images, door, env=None):
     time.sleep(1.0)
     t0 = time.monotonic()
     if door == "wrapper":
-        run([*tool(), "dump", tree.pids[0], images, "--criu-opt", "tcp-close"], env, "dump")
+        run([*tool(), "dump", str(tree.pids[0]), images, "--criu-opt", "tcp-close",
+             "--criu-opt", "skip-in-flight"], env, "dump")
     else:
         hook = shutil.which("criu-gpushare-hook")
         run(["criu", "dump", "-t", str(tree.pids[0]), "-D", images, "--action-script", hook,
-             "--link-remap", "--tcp-close", "-o", "dump.log", "-v4"], env, "criu dump")
+             "--link-remap", "--tcp-close", "--skip-in-flight", "-o", "dump.log", "-v4"], env, "criu dump")
     dump_s = time.monotonic() - t0
     traffic.stop.set()
     traffic.join(60)
@@ -142,9 +152,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--door", choices=("wrapper", "hook"), default="wrapper")
     ap.add_argument("--dir")
+    ap.add_argument("--model", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: serve.py's pure-Python model (no GPU: only CRIU and the tree)")
     args = ap.parse_args()
     directory = args.dir or tempfile.mkdtemp(prefix="serving-demo.")
-    tree = ServingTree(directory)
+    tree = ServingTree(directory, model=args.model)
     try:
         before = tree.answers()
         print(f"tree up, pids {tree.pids}; {len(before)} answers recorded, e.g. {before[0]}")

@@ -26,6 +26,7 @@ import os
 import socket
 import sys
 import threading
+import time
 
 VOCAB, DIM, BLOCK_TOKENS, BLOCKS, STEPS = 512, 256, 16, 64, 8
 
@@ -91,7 +92,30 @@ class Model:
             self.free.extend(blocks)
 
 
-def worker(index, inbox, outbox, weights_q):
+class CpuModel:
+    """--model cpu: the same protocol and processes without torch or a GPU (a pure-Python
+    stand-in, deterministic too), so the tree's plumbing can be tried and tested anywhere."""
+
+    def __init__(self, weights):
+        self.weights = weights
+
+    def answer(self, tokens):
+        out, state = [], sum(self.weights[t % VOCAB] for t in tokens)
+        for _ in range(STEPS):
+            state = (state * 1103515245 + 12345) % (1 << 31)
+            out.append(state % VOCAB)
+        return out, float(sum(out) + len(tokens))
+
+
+def worker(index, inbox, outbox, weights_q, model_kind):
+    if model_kind == "cpu":
+        if index == 0:
+            weights_q.put([(i * 2654435761) % (1 << 31) for i in range(VOCAB)])
+            model = CpuModel([(i * 2654435761) % (1 << 31) for i in range(VOCAB)])
+        else:
+            model = CpuModel(weights_q.get())
+        _serve_requests(index, model, inbox, outbox)
+        return
     import torch
     import torch.multiprocessing  # noqa: F401  (registers CUDA tensors' sharing through queues)
 
@@ -106,7 +130,10 @@ def worker(index, inbox, outbox, weights_q):
         keep = weights
     else:
         keep = weights_q.get()  # the same GPU memory as worker 0's
-    model = Model(torch, keep)
+    _serve_requests(index, Model(torch, keep), inbox, outbox)
+
+
+def _serve_requests(index, model, inbox, outbox):
     outbox.put(("ready", index, os.getpid()))
     while True:
         rid, tokens = inbox.get()
@@ -119,17 +146,30 @@ def worker(index, inbox, outbox, weights_q):
 
 # -- engine (no CUDA) ----------------------------------------------------------------------------
 
-def engine(directory, started):
+def _get_while_alive(queue, procs, what, timeout=900):
+    """queue.get(), failing as soon as one of procs has died (rather than waiting out timeout)."""
+    import queue as q
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return queue.get(timeout=1)
+        except q.Empty:
+            dead = [p for p in procs if not p.is_alive()]
+            if dead or time.monotonic() > deadline:
+                raise RuntimeError(f"{what}: {'process exited: ' + str(dead) if dead else 'timed out'}")
+
+
+def engine(directory, started, model_kind):
     ctx = mp.get_context("spawn")
     weights_q, outbox = ctx.Queue(), ctx.Queue()
     inboxes = [ctx.Queue(), ctx.Queue()]
-    workers = [ctx.Process(target=worker, args=(i, inboxes[i], outbox, weights_q), daemon=True)
-               for i in range(2)]
+    workers = [ctx.Process(target=worker, args=(i, inboxes[i], outbox, weights_q, model_kind),
+                           daemon=True) for i in range(2)]
     for w in workers:
         w.start()
     pids = {}
     while len(pids) < 2:
-        tag, index, pid = outbox.get(timeout=600)
+        tag, index, pid = _get_while_alive(outbox, workers, "starting the workers")
         pids[index] = pid
     path = os.path.join(directory, "engine.sock")
     srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -172,11 +212,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", required=True)
     ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--model", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: a pure-Python stand-in for the model (no torch, no GPU)")
     args = ap.parse_args()
     ctx = mp.get_context("spawn")
     started = ctx.Queue()
-    ctx.Process(target=engine, args=(args.dir, started), daemon=True).start()
-    engine_pids = started.get(timeout=900)
+    # Not a daemon: a daemonic process may not start children, and the engine starts the workers.
+    eng = ctx.Process(target=engine, args=(args.dir, started, args.model))
+    eng.start()
+    engine_pids = _get_while_alive(started, [eng], "starting the engine")
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", args.port))
