@@ -105,6 +105,15 @@ def gpu_container(tmp_path, criu_bin, torch_available):
         box.remove()
 
 
+def _criu_log(images, name, lines=60):
+    """The end of CRIU's log (the hook's lines are in it), for the failure message."""
+    try:
+        with open(os.path.join(images, name), errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError as e:
+        return f"(no {name}: {e.strerror})"
+
+
 def test_runc_checkpoint_and_restore_of_a_cuda_container(gpu_container, tmp_path):
     box, channel = gpu_container
     info = channel.ready()
@@ -112,10 +121,12 @@ def test_runc_checkpoint_and_restore_of_a_cuda_container(gpu_container, tmp_path
     images = str(tmp_path / "images")
     for cycle in range(2):
         t0 = time.monotonic()
-        box.runc("checkpoint", "--image-path", images, box.id)
+        result = box.runc("checkpoint", "--image-path", images, box.id, check=False)
+        assert result.returncode == 0, f"runc checkpoint: {result.stderr}\n{_criu_log(images, 'dump.log')}"
         out_s = time.monotonic() - t0
         t0 = time.monotonic()
-        box.runc("restore", "--detach", "--image-path", images, box.id)
+        result = box.runc("restore", "--detach", "--image-path", images, box.id, check=False)
+        assert result.returncode == 0, f"runc restore: {result.stderr}\n{_criu_log(images, 'restore.log')}"
         pid = box.pid()
         assert pid, "the container does not run after the restore"
         assert channel.ask("check")["sha"] == before, "GPU contents differ after the restore"
