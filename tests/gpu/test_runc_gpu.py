@@ -37,7 +37,7 @@ class Channel:
     def __init__(self, directory):
         self.dir, self.seq = Path(directory), 0
 
-    def ready(self, timeout=300):
+    def ready(self, timeout=150):
         deadline = time.monotonic() + timeout
         while not (self.dir / "ready").exists():
             assert time.monotonic() < deadline, "the container's workload did not get ready"
