@@ -81,17 +81,6 @@ def gpu_container(tmp_path, criu_bin, torch_available):
         (rootfs / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
         config["mounts"].append({"destination": path, "type": "bind", "source": path,
                                  "options": ["rbind", "rw" if path == str(ctl) else "ro"]})
-    # Mounts under the bound trees (the driver's /usr/local/nvidia on the GPU machine) must be
-    # mounts of the container's own config: runc hands those to CRIU as external, while a
-    # submount carried in by rbind is one CRIU would have to dump itself ("unsupported" FS).
-    bound = [m["destination"] for m in config["mounts"] if m.get("type") == "bind"]
-    for m in config["mounts"]:
-        if m.get("type") == "bind":
-            m["options"] = ["bind" if o == "rbind" else o for o in m["options"]]
-    for sub in _submounts(bound):
-        (rootfs / sub.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        config["mounts"].append({"destination": sub, "type": "bind", "source": sub,
-                                 "options": ["bind", "ro"]})
     devices = sorted(p for p in glob.glob("/dev/nvidia*") if not os.path.isdir(p))
     devices += sorted(glob.glob("/dev/nvidia-caps/*"))
     for dev in devices:
@@ -114,17 +103,6 @@ def gpu_container(tmp_path, criu_bin, torch_available):
         yield box, Channel(ctl)
     finally:
         box.remove()
-
-
-def _submounts(tops):
-    """Mount points of this machine strictly below any of tops (directories only), outermost first."""
-    found = set()
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            point = line.split()[4].replace("\\040", " ")
-            if os.path.isdir(point) and any(point.startswith(t.rstrip("/") + "/") for t in tops):
-                found.add(point)
-    return sorted(found, key=lambda p: p.count("/"))
 
 
 def _criu_log(images, name, lines=60):
