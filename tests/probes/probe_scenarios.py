@@ -39,8 +39,9 @@ LAZY_IPC_FACTS = {
 }
 # Measured on the H200 (driver 580.159.04, tests/gpu/test_driver_probes.py): a handle the exporter
 # takes after the driver restored its memory does not open either (NOT_PERMITTED), for 4 KiB and
-# 1 MiB alike. The fake still opens it: memory the driver checkpoints itself cannot be shared
-# through legacy IPC after a checkpoint on this driver (README, "Known limits").
+# 1 MiB alike, in this probe's sequence (two checkpointer processes, then the exporter's fresh
+# handle). The fake still opens it. Through the shim the same memory does open after suspends on
+# the H200 (tests/engine/test_cycles.py, [driver-memory]): which difference matters is open.
 LAZY_IPC_FACTS_DRIVER_580 = dict(LAZY_IPC_FACTS, open_of_handle_taken_after_restore="CUDA_ERROR_NOT_PERMITTED",
                                  importer_sees_the_data=False, exporter_sees_the_importers_write=False)
 
