@@ -2,10 +2,12 @@
 
 With PID: that process's allocations, mappings, imports (with their exporter), exports, page-locked
 host buffers, peer access, multicast objects, gates, and anything a checkpoint would refuse.
-Without PID: one line per process with a shim socket in this network namespace, then one per
+Without PID: one line per process with a shim socket in this network namespace (or why it cannot
+be reached: no reply, a full backlog, a server that is not that process's shim), then one per
 group criu-gpushare holds (its journal: kind, state, pids, steps begun, last error).
 """
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import click
 
@@ -91,6 +93,25 @@ def _show(pid, st):
         out(f"  note: {n}")
 
 
+LIST_TIMEOUT_S = 5.0  # per process when listing: `status` makes no driver call, a shim answers at once
+
+
+def _reach_all(pids):
+    """{pid: status, or {"error": why it cannot be reached}}, asked in parallel so that names
+    nobody answers on (a full backlog, a server that never replies) hold the listing once, not once
+    each."""
+    def one(pid):
+        try:
+            return control.status(pid, timeout=LIST_TIMEOUT_S)
+        except Error as e:
+            return {"error": str(e)}
+
+    if not pids:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(pids))) as pool:
+        return dict(zip(pids, pool.map(one, pids)))
+
+
 @click.command()
 @click.argument("pid", type=int, required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the shim's status reply as JSON.")
@@ -103,12 +124,7 @@ def status(pid, as_json):
         else:
             _show(pid, st)
         return
-    result = {}
-    for p in control.shim_pids():
-        try:
-            result[p] = control.status(p)
-        except Error as e:
-            result[p] = {"error": str(e)}
+    result = _reach_all(control.shim_pids())
     if as_json:
         click.echo(json.dumps({str(p): st for p, st in result.items()}, indent=2))
         return
