@@ -53,7 +53,11 @@ def _show(pid, st):
     out = click.echo
     out(f"pid {pid}: shim {st.get('version')} (protocol {st.get('protocol')})")
     out(f"  state: {st.get('state', 'unknown')}")
-    journal = _journal(pid)
+    try:
+        journal = jn.owner_of(pid)
+    except Error as e:
+        journal = None
+        out(f"  journal: {e}")
     if journal is not None:
         out(f"  {journal.state} by criu-gpushare ({journal.kind} of group {journal.key}, steps "
             f"begun: {', '.join(journal.done) or 'none'}): `criu-gpushare resume {pid}`")
@@ -133,10 +137,12 @@ def status(pid, as_json):
     for p, st in result.items():
         click.echo(f"{p:>8}  {st['error']}" if "error" in st else _summary_line(p, st))
     try:
-        journals = jn.all_journals()
+        journals, problems = jn.all_journals()
     except Error as e:
         click.echo(f"journals: {e}")
         return
+    for e in problems:
+        click.echo(f"journal: {e}")
     for j in journals:  # what criu-gpushare holds, even where no shim answers
         click.echo(f"group {j.key}: {j.kind} {j.state}, pids {' '.join(map(str, j.pids))}, steps begun: "
                    f"{', '.join(j.done) or 'none'}" + (f"; last error: {j.data['error']}" if j.data.get("error") else ""))
