@@ -121,3 +121,10 @@ class RestoreIncomplete(Error):
     # A restore (after CRIU, or from a journal) stopped part-way; it can be retried.
 
     exit_code = 15
+
+
+class StateFileError(Error):
+    """{}"""
+    # A state file (journal, pid claim: engine/journal.py) that is not the tool's own and whole.
+
+    exit_code = 16

@@ -1,6 +1,7 @@
 """Fixtures shared by every test directory: the fake CUDA driver, an environment that uses it, CRIU."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -49,6 +50,34 @@ def sleeper():
     yield p
     p.kill()
     p.wait()
+
+
+@pytest.fixture
+def fake_server():
+    """fake_server(mode, *args) -> pid: a process serving @criu-gpushare.<pid> as no shim does
+    (tests/shimctl/fakeserver.py: a full backlog, a server that never answers, a chosen reply,
+    another user's or a borrowed uid). Needs root."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run servers as other users")
+    script = os.path.join(_TESTS_DIR, "shimctl", "fakeserver.py")
+    started = []
+
+    def start(mode, *args):
+        p = subprocess.Popen([sys.executable, script, mode, *map(str, args)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        started.append(p)
+        hello = json.loads(p.stdout.readline())
+        assert hello["ready"], hello
+        return hello["pid"]
+
+    yield start
+    for p in started:
+        p.stdin.close()
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,12 @@
 
 With PID: that process's allocations, mappings, imports (with their exporter), exports, page-locked
 host buffers, peer access, multicast objects, gates, and anything a checkpoint would refuse.
-Without PID: one line per process with a shim socket in this network namespace, then one per
+Without PID: one line per process with a shim socket in this network namespace (or why it cannot
+be reached: no reply, a full backlog, a server that is not that process's shim), then one per
 group criu-gpushare holds (its journal: kind, state, pids, steps begun, last error).
 """
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import click
 
@@ -52,7 +54,11 @@ def _show(pid, st):
     out = click.echo
     out(f"pid {pid}: shim {st.get('version')} (protocol {st.get('protocol')})")
     out(f"  state: {st.get('state', 'unknown')}")
-    journal = _journal(pid)
+    try:
+        journal = jn.owner_of(pid)
+    except Error as e:
+        journal = None
+        out(f"  journal: {e}")
     if journal is not None:
         out(f"  {journal.state} by criu-gpushare ({journal.kind} of group {journal.key}, steps "
             f"begun: {', '.join(journal.done) or 'none'}): `criu-gpushare resume {pid}`")
@@ -107,6 +113,25 @@ def _show_stopped(pid, journal, as_json):
         click.echo(f"  last error: {info['error']}")
 
 
+LIST_TIMEOUT_S = 5.0  # per process when listing: `status` makes no driver call, a shim answers at once
+
+
+def _reach_all(pids):
+    """{pid: status, or {"error": why it cannot be reached}}, asked in parallel so that names
+    nobody answers on (a full backlog, a server that never replies) hold the listing once, not once
+    each."""
+    def one(pid):
+        try:
+            return control.status(pid, timeout=LIST_TIMEOUT_S)
+        except Error as e:
+            return {"error": str(e)}
+
+    if not pids:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(16, len(pids))) as pool:
+        return dict(zip(pids, pool.map(one, pids)))
+
+
 @click.command()
 @click.argument("pid", type=int, required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the shim's status reply as JSON.")
@@ -123,12 +148,7 @@ def status(pid, as_json):
         else:
             _show(pid, st)
         return
-    result = {}
-    for p in control.shim_pids():
-        try:
-            result[p] = control.status(p)
-        except Error as e:
-            result[p] = {"error": str(e)}
+    result = _reach_all(control.shim_pids())
     if as_json:
         click.echo(json.dumps({str(p): st for p, st in result.items()}, indent=2))
         return
@@ -137,10 +157,12 @@ def status(pid, as_json):
     for p, st in result.items():
         click.echo(f"{p:>8}  {st['error']}" if "error" in st else _summary_line(p, st))
     try:
-        journals = jn.all_journals()
+        journals, problems = jn.all_journals()
     except Error as e:
         click.echo(f"journals: {e}")
         return
+    for e in problems:
+        click.echo(f"journal: {e}")
     for j in journals:  # what criu-gpushare holds, even where no shim answers
         click.echo(f"group {j.key}: {j.kind} {j.state}, pids {' '.join(map(str, j.pids))}, steps begun: "
                    f"{', '.join(j.done) or 'none'}" + (f"; last error: {j.data['error']}" if j.data.get("error") else ""))

@@ -10,12 +10,14 @@ State files (engine/statedir.py), for a group keyed by its lowest pid K:
 
 A step is recorded as done before it runs, so a run killed half-way through a step is undone as if
 the step had finished (every undo tolerates a step that did only part of its work). A claim whose
-process has gone (a different start time) or whose journal is missing is stale and is removed.
+process has gone (a different start time) or whose journal is missing is stale and is removed. The
+journals decide who holds a process (owner_of); a state file that is not whole, not a regular file
+or not ours is refused with StateFileError, naming it.
 """
 import os
 import time
 
-from ..errors import ProcessError
+from ..errors import ProcessError, StateFileError
 from . import statedir
 
 # state: what the journal's group is doing now
@@ -90,7 +92,7 @@ class Journal:
         """The group is running and free again: drop the claims, then the journal."""
         for pid in self.pids:
             claim = statedir.read_json(f"pid-{pid}")
-            if claim and claim.get("key") == self.key:
+            if isinstance(claim, dict) and claim.get("key") == self.key:
                 statedir.remove(f"pid-{pid}")
         statedir.remove(self.name)
 
@@ -107,32 +109,77 @@ def _claim(pid, key, started):
     record = {"key": key, "started": started, "at": time.time()}
     if statedir.create_exclusive(f"pid-{pid}", record):
         return True
-    claim = statedir.read_json(f"pid-{pid}") or {}
-    young = time.time() - claim.get("at", 0) < CLAIM_GRACE_S
+    claim = _read_claim(pid) or {}
+    at = claim.get("at")
+    young = isinstance(at, (int, float)) and time.time() - at < CLAIM_GRACE_S
     if owner_of(pid) is None and not (young and claim.get("started") == started):
         statedir.remove(f"pid-{pid}")  # stale: try once more (exclusive: one run wins)
         return statedir.create_exclusive(f"pid-{pid}", record)
     return False
 
 
-def owner_of(pid):
-    """The journal that claims pid, or None (a stale claim, whose process is gone or whose journal
-    is missing, counts as none)."""
-    claim = statedir.read_json(f"pid-{pid}")
-    if not claim:
-        return None
-    data = statedir.read_json(f"journal-{claim.get('key')}.json")
+def _is_pid(x):
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def read_journal(name):
+    """The journal in state file `name`, or None; one that is not a whole journal of ours is a
+    StateFileError naming it (a fake group must neither be listed nor resumed)."""
+    data = statedir.read_json(name)
     if data is None:
         return None
-    if claim.get("started") != statedir.start_time(pid):
-        return None
+    pids = data.get("pids") if isinstance(data, dict) else None
+    started = data.get("started") if isinstance(data, dict) else None
+    if not (isinstance(pids, list) and pids and all(_is_pid(p) for p in pids)
+            and data.get("key") == min(pids) and name == f"journal-{data['key']}.json"
+            and data.get("kind") in ("suspend", "dump", "restore")
+            and isinstance(data.get("state"), str) and isinstance(started, dict)
+            and all(isinstance(started.get(str(p)), int) for p in pids)):
+        raise statedir.bad_file(name, "is not a criu-gpushare journal (fields missing or wrong)")
     return Journal(data)
 
 
+def _read_claim(pid):
+    claim = statedir.read_json(f"pid-{pid}")
+    if claim is not None and not (isinstance(claim, dict) and _is_pid(claim.get("key"))):
+        raise statedir.bad_file(f"pid-{pid}", "is not a criu-gpushare pid claim")
+    return claim
+
+
+def owner_of(pid):
+    """The journal that holds process pid, or None. The journals decide: a claim whose journal does
+    not name the process (as the same process: its start time) is stale, and a journal that names
+    it counts even if its claim is stale or gone, so `status` and `resume` always agree."""
+    started = statedir.start_time(pid)
+    if started is None:
+        return None
+
+    def holds(j):
+        return j is not None and pid in j.pids and j.data["started"][str(pid)] == started
+
+    claim = _read_claim(pid)
+    if claim:
+        journal = read_journal(f"journal-{claim['key']}.json")
+        if holds(journal):
+            return journal
+    journals, problems = all_journals()
+    for journal in journals:
+        if holds(journal):
+            return journal
+    if problems:
+        raise problems[0]  # it may be the one that held pid: do not guess
+    return None
+
+
 def all_journals():
-    out = []
+    """(every journal, a StateFileError for each journal file that cannot be trusted)."""
+    out, problems = [], []
     for name in statedir.names("journal-"):
-        data = statedir.read_json(name)
-        if data:
-            out.append(Journal(data))
-    return out
+        try:
+            journal = read_journal(name)
+        except StateFileError as e:
+            problems.append(e)
+            continue
+        if journal:
+            out.append(journal)
+    return out, problems

@@ -161,17 +161,30 @@ def check(members):
 
 def _check_outside_importers(pids):
     """A process outside the group that maps memory of the group would keep mapping the old
-    memory after resume (the group's copy is re-created): refuse, naming it."""
+    memory after resume (the group's copy is re-created): refuse, naming it.
+
+    A claim counts only from a process running as root or as the exporter's owner: a member's shim
+    answers `whose` to no one else (shim/protocol.md, "Authentication"), so anyone else's claim to
+    import from it is not true, and would let another user stop the group's suspend."""
+    owners = {}
+    for pid in pids:
+        try:
+            owners[pid] = control.owner_uid(pid)
+        except Error:
+            pass  # gone: a claim about it does not matter
     for pid in control.shim_pids():
         if pid in pids or not _alive(pid):
             continue
         try:
+            uid = control.owner_uid(pid)
+            if uid != 0 and uid not in owners.values():
+                continue  # could not have learned any member as its exporter: not asked
             status = control.status(pid)
         except Error:
             continue  # gone, busy, or not reachable: it cannot be checked
         for imp in status.get("imports", []):
             exporter = imp.get("exporter") or {}
-            if exporter.get("pid") in pids:
+            if exporter.get("pid") in pids and uid in (0, owners.get(exporter["pid"])):
                 raise ProcessError(pid, f"imports GPU memory from process {exporter['pid']} of the "
                                    "group but is not in it: suspend them together")
 

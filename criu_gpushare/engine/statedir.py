@@ -10,7 +10,7 @@ import json
 import os
 import stat
 
-from ..errors import Error
+from ..errors import Error, StateFileError
 
 
 def state_dir():
@@ -37,19 +37,24 @@ def path_of(name):
 
 
 def read_json(name):
-    """The object in state file `name`, or None when there is none. A link or a non-regular file
-    is refused (ELOOP with O_NOFOLLOW), never followed; an unreadable file is an Error."""
+    """The object in state file `name`, or None when there is none. A link, a non-regular file,
+    a file owned by another uid (only root could have put it there: not ours to trust), or one that
+    is not JSON is refused with StateFileError, naming it."""
     path = path_of(name)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         return None
     except OSError as e:
-        raise Error(f"{path}: cannot open ({e.strerror}); a state file must be a regular file, "
-                    "not a link: remove it") from None
+        raise bad_file(name, f"cannot be opened ({e.strerror}); a state file must be a regular "
+                             "file, not a link") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Error(f"{path} is not a regular file: remove it")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise bad_file(name, "is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise bad_file(name, f"is owned by uid {st.st_uid}, not {os.geteuid()}: criu-gpushare "
+                                 "did not write it")
         with os.fdopen(fd, "rb", closefd=False) as f:
             data = f.read()
     finally:
@@ -57,8 +62,14 @@ def read_json(name):
     try:
         return json.loads(data)
     except ValueError:
-        raise Error(f"{path} is not valid JSON (a crash while writing it?): remove it once the "
-                    "processes it names are known to be running") from None
+        raise bad_file(name, "is not valid JSON (truncated or overwritten)") from None
+
+
+def bad_file(name, what):
+    """The error for a state file that cannot be trusted: names it and what to do."""
+    return StateFileError(f"state file {path_of(name)} {what}; criu-gpushare cannot tell what it "
+                          "held: check that the processes it names run normally (`criu-gpushare "
+                          "status PID`), then remove it")
 
 
 def write_json(name, obj):

@@ -10,7 +10,8 @@ workload's own pid. From the host, this client
   2. creates its socket inside the workload's network namespace (setns on one thread, then back;
      needs CAP_SYS_ADMIN) when that differs from ours,
   3. after connecting, checks that the server's SO_PEERCRED pid, which the kernel translates into
-     our pid namespace, is the host pid asked for. Abstract names carry no permissions, so this
+     our pid namespace, is the host pid asked for, and that its uid (translated into our user
+     namespace) is 0 or that process's effective uid. Abstract names carry no permissions, so this
      check is what stops another process that bound the name from answering.
 The shim, for its part, only serves root or its own user (SO_PEERCRED uid).
 """
@@ -24,6 +25,7 @@ import os
 import socket
 import struct
 import threading
+import time
 
 from ..errors import BusyError, ProcessError, ShimError, ShimNotServing
 
@@ -33,6 +35,7 @@ MAX_RECORD = 65536
 MAX_REPLY = 64 << 20
 MAX_FDS = 32  # fds one reply may carry (the shim's GS_REPLY_MAX_FDS: an export of "ids")
 DEFAULT_TIMEOUT = 10.0
+CONNECT_RETRY_S = 0.5  # how long a full listen backlog is retried
 CLONE_NEWNET = 0x40000000
 
 _setns_lock = threading.Lock()
@@ -100,9 +103,63 @@ def _socket_in_netns(pid: int) -> socket.socket:
             os.close(own)
 
 
-def _peer_pid(sock: socket.socket) -> int:
+def _connect(sock: socket.socket, pid: int, name: str, timeout: float) -> None:
+    """Connects, retrying a full listen backlog (EAGAIN: the socket is non-blocking under a
+    timeout) for at most CONNECT_RETRY_S, so a flooded name costs a bounded wait, not a hang."""
+    deadline = time.monotonic() + min(timeout, CONNECT_RETRY_S)
+    delay = 0.005
+    while True:
+        try:
+            sock.connect("\0" + name)
+            return
+        except (ConnectionRefusedError, FileNotFoundError):
+            raise ShimNotServing(f"process {pid} has no control socket @{name}: it does not run with "
+                                 "the shim, or has not initialized CUDA yet") from None
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise BusyError(f"process {pid}: the listen backlog of @{name} stayed full for "
+                                f"{CONNECT_RETRY_S:g} s (the shim is overloaded, or someone floods "
+                                "the name): try again") from None
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+        except socket.timeout:
+            raise ShimError(f"process {pid}: connecting to @{name} timed out") from None
+        except OSError as e:
+            raise ShimError(f"process {pid}: cannot connect to @{name}: {e.strerror}") from None
+
+
+def _peer_cred(sock: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the server, as the kernel recorded them when it listened, translated into our
+    pid and user namespaces."""
     cred = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", cred)[0]
+    pid, uid, _ = struct.unpack("3i", cred)
+    return pid, uid
+
+
+def owner_uid(pid: int) -> int:
+    """The effective uid of process `pid` (/proc/PID/status, in our user namespace)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except FileNotFoundError:
+        raise ProcessError(pid, "no such process") from None
+    except PermissionError as e:
+        raise ProcessError(pid, f"cannot read /proc/{pid}/status: {e.strerror}") from None
+    raise ProcessError(pid, f"/proc/{pid}/status has no Uid line")
+
+
+def _check_server(sock: socket.socket, pid: int, name: str) -> None:
+    """An answer counts only from the process the name promises, running as root or as that
+    process's owner (protocol.md, "Authentication"): anyone can bind an abstract name."""
+    server, uid = _peer_cred(sock)
+    if server != pid:
+        raise ShimError(f"@{name} is served by pid {server}, not {pid}: refusing to talk to it")
+    owner = owner_uid(pid)
+    if uid not in (0, owner):
+        raise ShimError(f"@{name} is served as uid {uid}, but process {pid} runs as uid {owner}: "
+                        "refusing to talk to it")
 
 
 def _recv_all(sock: socket.socket, pid: int) -> tuple[bytes, list[int]]:
@@ -144,23 +201,17 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
     """Sends one request to the shim of `pid`; returns (reply, received fds).
 
     The caller owns the received fds. Errors: ProcessError (no such process, cannot reach it),
-    ShimError (no shim socket, a refusal, a malformed reply), BusyError (the shim is busy: retry).
+    ShimError (no shim socket, a server that is not that process's shim, no reply within `timeout`,
+    a refusal, a malformed reply), BusyError (the shim is busy or its backlog stays full: retry).
+    Never a bare OSError.
     """
     name = socket_name(pid)
     msg = json.dumps({"v": PROTOCOL, "cmd": cmd, **fields}).encode()
     sock = _socket_in_netns(pid)
     try:
         sock.settimeout(timeout)
-        try:
-            sock.connect("\0" + name)
-        except (ConnectionRefusedError, FileNotFoundError):
-            raise ShimNotServing(f"process {pid} has no control socket @{name}: it does not run with "
-                            "the shim, or has not initialized CUDA yet") from None
-        except socket.timeout:
-            raise ShimError(f"process {pid}: connecting to @{name} timed out") from None
-        server = _peer_pid(sock)
-        if server != pid:
-            raise ShimError(f"@{name} is served by pid {server}, not {pid}: refusing to talk to it")
+        _connect(sock, pid, name, timeout)
+        _check_server(sock, pid, name)
         try:
             try:
                 if fds:
@@ -175,7 +226,7 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
         except OSError as e:
             if e.errno in (errno.ECONNRESET, errno.EPIPE):
                 raise ShimError(f"process {pid} closed the connection during {cmd!r}") from None
-            raise
+            raise ShimError(f"process {pid}: {cmd!r} failed on the socket: {e.strerror}") from None
     finally:
         sock.close()
     try:

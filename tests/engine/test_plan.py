@@ -1,4 +1,6 @@
 """Planning a group: each piece of GPU memory saved once, by the right owner; refusals up front."""
+import json
+
 import pytest
 
 from criu_gpushare.engine import plan as grp
@@ -51,3 +53,27 @@ def test_an_import_from_outside_the_group_is_refused(monkeypatch):
 def test_what_the_shim_cannot_track_is_refused_with_its_reason():
     with pytest.raises(ProcessError, match="process 20: cannot be checkpointed: 1 CUDA IPC import"):
         grp.check([member(20, untracked=["1 CUDA IPC import of memory not allocated through the shim"])])
+
+
+def _claims_import_from(pid):
+    return ("--reply", json.dumps({"v": 2, "ok": True, "imports": [
+        {"id": 1, "kind": "posix-fd", "exporter": {"pid": pid, "id": 1}}]}))
+
+
+def test_an_outside_importer_of_the_same_user_is_refused(sleeper, fake_server):
+    importer = fake_server("reply", *_claims_import_from(sleeper.pid))
+    with pytest.raises(ProcessError, match=f"process {importer}: imports GPU memory from process "
+                                           f"{sleeper.pid} of the group"):
+        grp._check_outside_importers({sleeper.pid})
+
+
+def test_another_users_claim_to_import_from_the_group_is_not_believed(sleeper, fake_server):
+    """uid nobody's server says it maps memory of root's member: the member's shim never answers
+    her, so the claim is false and must not stop the suspend."""
+    fake_server("reply", "--uid", 65534, *_claims_import_from(sleeper.pid))
+    grp._check_outside_importers({sleeper.pid})
+
+
+def test_a_full_backlog_does_not_stop_the_check(sleeper, fake_server):
+    fake_server("squat")
+    grp._check_outside_importers({sleeper.pid})

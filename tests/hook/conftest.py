@@ -20,3 +20,18 @@ def env(request, tmp_path):
     tool = dict(base, CRIU_GPUSHARE_RUN_DIR=str(run_dir), CRIU_GPUSHARE_STORE=str(tmp_path / "store"),
                 CRIU_GPUSHARE_CACHE="")
     return {"tool": tool, "app": dict(tool, LD_PRELOAD=shim_path()), "run": run_dir}
+
+
+@pytest.fixture(autouse=True)
+def no_link_remaps_left(request):
+    """CRIU leaves /dev/shm/link_remap.N for an image it never restores (a --leave-running dump,
+    a refused restore), and a later dump whose file gets the same N fails ("Can't link remap ...
+    File exists"): each test removes the ones it made, so that no test depends on another."""
+    import glob
+    before = set(glob.glob("/dev/shm/link_remap.*"))
+    yield
+    for path in set(glob.glob("/dev/shm/link_remap.*")) - before:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass

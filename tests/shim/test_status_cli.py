@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 from click.testing import CliRunner
 
@@ -55,3 +56,22 @@ def test_status_errors_have_their_exit_codes():
     res = run(p.pid)
     assert res.exit_code == 5  # ProcessError
     assert f"process {p.pid}: no such process" in res.output
+
+
+def test_status_lists_the_reachable_and_names_the_unreachable(workload, fake_server):
+    """A full backlog and a server that never answers: rc 0, each named with why, the shim listed,
+    in about one listing timeout however many there are."""
+    from criu_gpushare.cli import status as status_cli
+
+    w = workload()
+    squat, mute = fake_server("squat"), fake_server("mute")
+    t0 = time.monotonic()
+    res = run()
+    took = time.monotonic() - t0
+    assert res.exit_code == 0, res.output
+    lines = {int(line.split()[0]): line for line in res.output.splitlines()
+             if line.strip() and line.split()[0].isdigit()}
+    assert "alloc" in lines[w.pid]
+    assert "listen backlog" in lines[squat] and "stayed full" in lines[squat]
+    assert "no reply to 'status'" in lines[mute]
+    assert took < status_cli.LIST_TIMEOUT_S + 10, took
