@@ -41,6 +41,8 @@ class SuspendWork(holder.Work):
         if cmd == "resume":
             self.group.report = report
             self.group.options.gpu_map = fields.get("gpu_map") or None
+            if fields.get("verify") is not None:  # the resuming command's setting, not the suspend's
+                self.group.options.verify = fields["verify"]
             return resume_group(self.group, self.journal), False
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
@@ -66,7 +68,8 @@ def resume(journal, gpu_map=None, report=print, verify=None):
     resume here leaves."""
     if journal.worker_alive():
         try:
-            final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {})
+            final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {},
+                               verify=verify)
         except ProcessError:
             worker = journal.data["worker"]["pid"]
             raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
