@@ -1,8 +1,8 @@
 """Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and `resume`, which
 asks the holder when it lives and otherwise finishes the work from the journal in this process."""
 
-from ..errors import GroupHeld, ProcessError
-from . import holder, journal as jn
+from ..errors import GroupHeld, Interrupted, ProcessError
+from . import cancel, holder, journal as jn
 from .runner import Runner
 from .steps import IN_PLACE, Group, Options
 
@@ -27,7 +27,8 @@ class SuspendWork(holder.Work):
             if not self.group.has_gpu_state:
                 raise NothingToSuspend(", ".join(map(str, self.pids)), "has no CUDA state: nothing "
                                        "to suspend (nothing was changed)")
-            Runner(self.group, self.journal).run(IN_PLACE)  # records the group before each step
+            # records the group before each step; a cancel from `suspend`'s Ctrl-C is asked between
+            Runner(self.group, self.journal, self.cancel).run(IN_PLACE)
         except GroupHeld as e:
             self.journal.set(state=jn.HELD, error=str(e))
             raise
@@ -74,8 +75,13 @@ def resume(journal, gpu_map=None, report=print, verify=None):
             worker = journal.data["worker"]["pid"]
             raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
                                f"({journal.kind}, {journal.state}); wait for it") from None
+        except KeyboardInterrupt:  # the holder ignores it and goes on
+            raise Interrupted(f"interrupted: the resume goes on in the holder of group {journal.key} "
+                              f"(its log: {holder.log_path(journal.key)}); `criu-gpushare status "
+                              f"{journal.key}` shows when it is done") from None
         return final
-    return {"event": "done", "ok": True, "result": recover(journal, gpu_map, report, verify)}
+    with cancel.on_interrupt(lambda: report(cancel.GOES_ON.format("resume"))):
+        return {"event": "done", "ok": True, "result": recover(journal, gpu_map, report, verify)}
 
 
 def recover(journal, gpu_map=None, report=print, verify=None):
