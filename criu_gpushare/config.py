@@ -16,6 +16,8 @@ verify: every chunk a restore or resume reads is re-hashed (XXH3-128) and checke
 before its bytes go to the GPU; a mismatch fails the restore naming the chunk and its file. It is
 on by default. `verify = false` in the config file or CRIU_GPUSHARE_VERIFY=0 turns the hashing off
 (sizes are still checked): only for a store you trust not to rot, when hashing limits restore speed.
+The command that loads decides (a resume's setting, not its suspend's). Dumps (chunk names are
+hashes) and node cache fills (a cache holds only chunks that matched) always hash.
 
 Config file (TOML; every key optional):
 

@@ -10,6 +10,8 @@ A step list that fails and is rolled back exits with the code of the error that 
 workload runs as before); one whose rollback failed too exits GroupHeld's code (the group is held,
 `criu-gpushare resume` finishes the rollback); a restore that could not finish exits
 RestoreIncomplete's code (the processes stay held at their gates and the restore can be retried).
+An interrupt (Ctrl-C) exits Cancelled's code when it undid the work, Interrupted's when it did not
+(engine/cancel.py says which command does what).
 """
 
 EXIT_OK = 0
@@ -128,3 +130,18 @@ class StateFileError(Error):
     # A state file (journal, pid claim: engine/journal.py) that is not the tool's own and whole.
 
     exit_code = 16
+
+
+class Cancelled(Error):
+    """{}"""
+    # Interrupted (Ctrl-C) and undone: what was begun is rolled back, or nothing had changed yet.
+
+    exit_code = 17
+
+
+class Interrupted(Error):
+    """{}"""
+    # Interrupted (Ctrl-C) but not undone: the work goes on, or had completed, or stopped where it
+    # was; the message says which and how to follow it.
+
+    exit_code = 18

@@ -22,8 +22,10 @@
 #      `timeout $BENCH_TIMEOUT_S` (default 900; BENCH_CRIU=1 adds its --criu rows)
 #      -> OUT/bench-checkpoint.txt, .json (its workloads carry the probe tag: step 7 kills leftovers), and
 #      bench/allocator_bench.py (BENCH_ALLOC_GIB, default 8) -> OUT/bench-allocator.txt, .json;
-#      tests/gpu/test_stress.py runs CRIU_GPUSHARE_STRESS_CYCLES cycles (default 100, ~5 min: lower
-#      it or raise PYTEST_TIMEOUT_S);
+#      tests/gpu/test_stress.py runs CRIU_GPUSHARE_STRESS_CYCLES cycles (default 60, ~4.2 s each on
+#      the H200, a progress line every 10 cycles);
+#      a pytest run that outlives PYTEST_TIMEOUT_S gets SIGTERM: the stacks of its threads go to
+#      the log (tests/conftest.py), then this script names the test it was in;
 #   7. kills every process a probe started that is still alive (they carry GPUSHARE_PROBE_TAG=<this
 #      run> in their environment; a process stuck CHECKPOINTED only dies of SIGKILL), then lists
 #      what is left on the GPU;
@@ -66,6 +68,20 @@ step() {  # step NAME RC: record a step's outcome
 }
 
 banner() { echo; echo "===== $* ====="; }
+
+run_pytest() {  # run_pytest LOG NAME ARGS...: one pytest run under the timeout, appended to LOG
+    local log=$1 name=$2 rc
+    shift 2
+    timeout -k 30 "$PYTEST_TIMEOUT_S" python3 -m pytest "$@" 2>&1 | tee -a "$log"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        # -v prints each test's id as it starts: the last one in the log is the one stopped
+        echo "gpu-tests: $name stopped by the ${PYTEST_TIMEOUT_S} s timeout (PYTEST_TIMEOUT_S) in" \
+             "$(grep -oE '^[^ ]+::[^ ]+' "$log" | tail -n 1 || true); where each of its threads was" \
+             "is in the stack dump above" | tee -a "$log"
+    fi
+    step "$name" "$rc"
+}
 
 kill_leftover_probes() {
     local pid left=""
@@ -218,11 +234,9 @@ fi
 PARTS=" ${GPU_PARTS:-gpu real example} "
 if [[ $PARTS == *" gpu "* ]]; then
 banner "GPU tests"
-timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest ${GPU_TESTS:-tests/gpu} -v -rs -p no:cacheprovider \
-    --junitxml="$OUT/junit.xml" 2>&1 | tee "$OUT/gpu-tests.log"
-rc=${PIPESTATUS[0]}
-[ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
-step "pytest tests/gpu" "$rc"
+: >"$OUT/gpu-tests.log"
+run_pytest "$OUT/gpu-tests.log" "pytest ${GPU_TESTS:-tests/gpu}" ${GPU_TESTS:-tests/gpu} -v -rs \
+    -p no:cacheprovider --junitxml="$OUT/junit.xml"
 fi
 
 # The same suites that run on the fake driver in CI, here against the real driver (tests that only
@@ -231,11 +245,8 @@ if [[ $PARTS == *" real "* ]]; then
 banner "shim, suspend/resume and CRIU tests on the real driver"
 : >"$OUT/real-driver-tests.log"
 for suite in ${REAL_SUITES:-tests/shim tests/engine tests/hook}; do  # one pytest each: own conftest
-    CRIU_GPUSHARE_TEST_DRIVER=real timeout -k 20 "$PYTEST_TIMEOUT_S" python3 -m pytest "$suite" \
-        -v -rs -p no:cacheprovider 2>&1 | tee -a "$OUT/real-driver-tests.log"
-    rc=${PIPESTATUS[0]}
-    [ "$rc" -eq 124 ] && echo "gpu-tests: pytest stopped by the ${PYTEST_TIMEOUT_S} s timeout"
-    step "pytest $suite (real driver)" "$rc"
+    CRIU_GPUSHARE_TEST_DRIVER=real run_pytest "$OUT/real-driver-tests.log" "pytest $suite (real driver)" \
+        "$suite" -v -rs -p no:cacheprovider
 done
 grep -E "^tests/.*(PASSED|FAILED|SKIPPED|ERROR)" "$OUT/real-driver-tests.log" | sed 's/ *\[ *[0-9]*%\]$//' \
     >"$OUT/real-driver-results.txt"

@@ -1,9 +1,11 @@
 """Fixtures shared by every test directory: the fake CUDA driver, an environment that uses it, CRIU."""
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -22,6 +24,29 @@ NO_MULTICAST_ENV = {
     "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
     "NVSHMEM_DISABLE_NVLS": "1",
 }
+
+
+def _sigterm_as_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_configure(config):
+    """scripts/gpu-tests.sh bounds each pytest run with `timeout`, which sends SIGTERM. Then every
+    thread's stack goes to stderr at once (written from the signal handler in C, so also when the
+    test waits in a call that never returns: the stack names the test and its line), and the
+    signal becomes an interrupt: pytest tears the fixtures down (killing the workloads), prints
+    its summary and writes its JUnit XML."""
+    # Output capture is suspended while plugins configure: fd 2 is the run's stderr here.
+    config._gpushare_stack_fd = os.dup(2)
+    config._gpushare_old_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    faulthandler.register(signal.SIGTERM, file=config._gpushare_stack_fd, all_threads=True, chain=True)
+
+
+def pytest_unconfigure(config):
+    if hasattr(config, "_gpushare_stack_fd"):
+        faulthandler.unregister(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, config._gpushare_old_sigterm)
+        os.close(config._gpushare_stack_fd)
 
 
 @pytest.fixture(scope="session")

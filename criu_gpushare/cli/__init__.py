@@ -1,23 +1,28 @@
 """The `criu-gpushare` command line: one module per command, registered here.
 
 Errors from the package (criu_gpushare.errors.Error) become one line on stderr and their exit code;
-anything else is a bug and keeps its traceback.
+anything else is a bug and keeps its traceback. A Ctrl-C that no command turned into its own error
+(engine/cancel.py) stopped the command where it was: Interrupted's code.
 """
 import sys
 
 import click
 
 from .. import __version__
-from ..errors import Error
+from ..errors import Error, Interrupted
 
 
 class _Main(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
-        except Error as e:
-            click.echo(f"criu-gpushare: {e}", err=True)
-            sys.exit(e.exit_code)
+        except KeyboardInterrupt:
+            e = Interrupted("interrupted: stopped where it was; `criu-gpushare status` lists any "
+                            "process the tool still holds")
+        except Error as err:
+            e = err
+        click.echo(f"criu-gpushare: {e}", err=True)
+        sys.exit(e.exit_code)
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})

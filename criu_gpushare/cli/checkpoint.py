@@ -14,9 +14,9 @@ import click
 
 from ..config import load_settings
 from ..criu import images, libdir, rpc
-from ..engine import dump as dump_engine, restore as restore_engine
+from ..engine import cancel, dump as dump_engine, restore as restore_engine
 from ..engine.steps import format_summary
-from ..errors import ProcessError
+from ..errors import Cancelled, Interrupted, ProcessError
 from .phases import PhaseClock, format_phases
 from .suspend import parse_gpu_map
 
@@ -81,7 +81,9 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
     settings = load_settings({"store": store})
     options, plugins = _criu_options(_passed(kwargs), leave_running=leave_running,
                                      link_remap=link_remap)
-    job = dump_engine.DumpJob(pid, images_dir, settings.store, verify=settings.verify, report=_say)
+    interrupt = cancel.Cancel()  # Ctrl-C: engine/cancel.py
+    job = dump_engine.DumpJob(pid, images_dir, settings.store, verify=settings.verify, report=_say,
+                              cancel=interrupt)
     state = {"gpu": False}
 
     def on_notify(action, _pid):
@@ -89,20 +91,36 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
             clock.mark("criu start")
             state["gpu"] = job.begin()
             clock.mark("gpu out (pre-dump)")
-        elif action == "post-dump" and state["gpu"]:
-            clock.mark("criu dump (freeze, memory, images)")
-            job.complete()
-            clock.mark("store sync (post-dump)")
+        elif action == "post-dump":
+            if interrupt.requested():  # CRIU then fails the dump and lets the tree run on
+                raise Cancelled(f"dump of {pid} cancelled by an interrupt at CRIU's post-dump: the tree "
+                                "runs on as before")
+            if state["gpu"]:
+                clock.mark("criu dump (freeze, memory, images)")
+                job.complete()
+                clock.mark("store sync (post-dump)")
+
+    def first_interrupt():
+        interrupt.request()
+        _say("interrupt: cancelling the dump at its next step (or at CRIU's post-dump), then rolling "
+             "back (Ctrl-C again interrupts the step at once)")
 
     try:
-        rpc.dump(images_dir, pid, options, on_notify)
-        clock.mark("criu finish")
-    finally:
-        if plugins:
-            shutil.rmtree(plugins, ignore_errors=True)
-        if state["gpu"]:
-            job.after_criu()
-            clock.mark("gpu back (tasks run on)")
+        with cancel.on_interrupt(first_interrupt):
+            try:
+                rpc.dump(images_dir, pid, options, on_notify)
+                clock.mark("criu finish")
+            finally:
+                if plugins:
+                    shutil.rmtree(plugins, ignore_errors=True)
+                if state["gpu"]:
+                    job.after_criu()
+                    clock.mark("gpu back (tasks run on)")
+    except KeyboardInterrupt:  # the second Ctrl-C, in CRIU's dump: CRIU was stopped, the tree let go
+        raise Cancelled(f"dump of {pid} interrupted: CRIU was stopped, the tree runs on as before") from None
+    if interrupt.requested():
+        raise Interrupted(f"the interrupt came once the dump was done: {images_dir} holds it"
+                          + ("" if leave_running else " and the tree has ended"))
     summary = job.group.summary("dumped") if state["gpu"] else {"state": "dumped", "pids": [], "seconds": {}}
     summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "dump"))
     summary.update(images_dir=images_dir, image_bytes=_image_bytes(images_dir),
@@ -125,21 +143,26 @@ def restore(images_dir, store, gpu_map, as_json, **kwargs):
     images_dir = os.path.realpath(images_dir)
     mapping = parse_gpu_map(gpu_map)
     settings = load_settings({})
-    rec = restore_engine.check(images_dir, store, mapping, lambda: images.maps_libcuda(images_dir))
+    try:
+        rec = restore_engine.check(images_dir, store, mapping, lambda: images.maps_libcuda(images_dir))
+    except KeyboardInterrupt:
+        raise Cancelled(f"restore of {images_dir} interrupted before CRIU began: nothing was restored") from None
     options, plugins = _criu_options(_passed(kwargs))
     clock.mark("check (image, store, GPUs)")
-    try:
-        root = rpc.restore(images_dir, options)
-        clock.mark("criu restore (processes, host memory)")
-    finally:
-        if plugins:
-            shutil.rmtree(plugins, ignore_errors=True)
-    summary = {"state": "restored", "pid": root, "pids": [], "seconds": {}, "gpu_state": rec is not None}
-    if rec is not None:
-        summary.update(restore_engine.run(rec, root, store, mapping, settings.verify, report=_say,
-                                          cache=settings.cache, cache_limit=settings.cache_limit))
-        summary["pid"] = root
-        clock.mark("gpu back (driver restore, load)")
+    # Once CRIU restores, nothing takes it back: an interrupt says so and the restore goes on.
+    with cancel.on_interrupt(lambda: _say(cancel.GOES_ON.format("restore"))):
+        try:
+            root = rpc.restore(images_dir, options)
+            clock.mark("criu restore (processes, host memory)")
+        finally:
+            if plugins:
+                shutil.rmtree(plugins, ignore_errors=True)
+        summary = {"state": "restored", "pid": root, "pids": [], "seconds": {}, "gpu_state": rec is not None}
+        if rec is not None:
+            summary.update(restore_engine.run(rec, root, store, mapping, settings.verify, report=_say,
+                                              cache=settings.cache, cache_limit=settings.cache_limit))
+            summary["pid"] = root
+            clock.mark("gpu back (driver restore, load)")
     summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
     _print(summary, as_json, f"restored {images_dir}: root pid {root}")
     if not as_json:

@@ -9,7 +9,7 @@ import click
 from ..config import load_settings
 from ..engine import holder, journal as jn, suspension
 from ..engine.steps import Options, format_summary
-from ..errors import ProcessError
+from ..errors import Interrupted, ProcessError
 from ..gpu import devices
 from ..shimctl.processes import process_tree, uses_cuda
 
@@ -25,11 +25,14 @@ def _pids(pids, tree):
     return sorted(set(out))
 
 
-def _finish(final, as_json):
+def _finish(final, as_json, too_late=None):
+    """too_late: what to say when the work succeeded after a Ctrl-C asked to cancel it."""
     if as_json:
         click.echo(json.dumps(final["result"] if final["ok"] else final, indent=2))
     elif final["ok"]:
         click.echo(format_summary(final["result"]))
+    if final["ok"] and final.get("interrupted") and too_late:
+        raise Interrupted(too_late)
     holder.finish(final)
 
 
@@ -72,8 +75,9 @@ def suspend(pids, tree, store, timeout_s, as_json):
     options = Options(store=settings.store, timeout_s=timeout_s, ref=ref, verify=settings.verify,
                       cache=settings.cache, cache_limit=settings.cache_limit)
     final = holder.start(suspension.SuspendWork(journal, options),
-                         on_progress=lambda m: click.echo(m, err=True))
-    _finish(final, as_json)
+                         on_progress=lambda m: click.echo(m, err=True), cancellable=True)
+    _finish(final, as_json, too_late="the interrupt came once the suspend was done: the group stays "
+            f"suspended; `criu-gpushare resume {pids[0]}` brings it back")
 
 
 @click.command()

@@ -40,8 +40,8 @@ def cuda_pids(root_pid):
 
 
 class DumpJob:
-    def __init__(self, root_pid, images_dir, store, verify=True, report=print):
-        self.root_pid, self.images_dir = root_pid, images_dir
+    def __init__(self, root_pid, images_dir, store, verify=True, report=print, cancel=None):
+        self.root_pid, self.images_dir, self.cancel = root_pid, images_dir, cancel
         self.pids = sorted(process_tree(root_pid))  # before any fork: the group's key is min(pids)
         self.report = report
         self.ref = f"dump-{root_pid}-{time.strftime('%Y%m%dT%H%M%S')}"
@@ -65,7 +65,7 @@ class DumpJob:
             self.group.discover()
             manifest_id = None
             if self.group.has_gpu_state:
-                Runner(self.group, self.journal).run(CRIU_PRE_DUMP, verb="dump")  # records the group
+                Runner(self.group, self.journal, self.cancel).run(CRIU_PRE_DUMP, verb="dump")  # records the group
                 manifest_id = self.group.manifest_id
             nspids = {p: control.ns_pid(p) for p in pids}
             gpus = gpu_inventory() if self.group.has_gpu_state else []

@@ -5,11 +5,14 @@ exactly as after a real failure), "copy" (inside save, after the first unit is i
 "driver-restore" (inside restore, in place of the driver's restore call) or "post-dump" (a dump
 marked complete at CRIU's post-dump).
 `<point>` raises the tool's error there; `<point>:kill` SIGKILLs this process there, as a crash
-would; `<point>:bug` raises an exception that is not the tool's (as a bug would). With
+would; `<point>:bug` raises an exception that is not the tool's (as a bug would); `<point>:pause`
+writes this process's pid to the file $CRIU_GPUSHARE_FAULT_PAUSE and waits there while that file
+exists (60 s at most: a test interrupts the command meanwhile, then removes it). With
 CRIU_GPUSHARE_TEST_KILL_AT_FAULT=PID, process PID is SIGKILLed there first (a member crashing).
 """
 import os
 import signal
+import time
 
 from ..errors import Error
 
@@ -29,6 +32,14 @@ def fault_point(point):
         os.kill(int(victim), signal.SIGKILL)
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if how == "pause":
+        path = os.environ["CRIU_GPUSHARE_FAULT_PAUSE"]
+        with open(path, "w") as f:
+            f.write(str(os.getpid()))
+        deadline = time.monotonic() + 60
+        while os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return
     if how == "bug":
         raise RuntimeError(f"bug injected at {point} ({FAULT_ENV})")
     raise InjectedFault(point, FAULT_ENV)

@@ -8,7 +8,9 @@ work watches (the hook's holder watches the CRIU process that ran it). It is a c
 keeper of record: the journal (engine/journal.py) is, so a holder that dies loses nothing.
 
 Nothing the starting command does can interrupt it mid-step: it runs in its own session, ignores
-SIGINT, SIGHUP and SIGPIPE, and its writes to a client that went away are dropped.
+SIGINT, SIGHUP and SIGPIPE, and its writes to a client that went away are dropped. A cancellable
+start passes the command's Ctrl-C on as a request that the work asks between steps
+(engine/cancel.py).
 
 State files (engine/statedir.py): holder-K.sock (its socket), holder-K.log (its log).
 Wire format: one JSON object per line. The client sends {"cmd": ...}; the holder answers with
@@ -24,7 +26,8 @@ import struct
 import sys
 import traceback
 
-from ..errors import EXIT_BUG, Error, GroupHeld, ProcessError
+from ..errors import EXIT_BUG, Error, GroupHeld, Interrupted, ProcessError
+from . import cancel
 from .statedir import path_of
 
 
@@ -81,6 +84,7 @@ class Work:
 
     key = 0
     pids = ()
+    cancel = None  # in the holder of a cancellable start: an engine/cancel.Cancel for begin()
 
     def begin(self, report):
         """The work done at start -> (result dict, keep: bool: whether the holder stays).
@@ -98,19 +102,25 @@ class Work:
         return True
 
 
-def start(work, on_progress=print):
+def start(work, on_progress=print, cancellable=False):
     """Fork the holder, run work.begin() in it, relay its progress; return the final object.
 
-    Must be called before this process initialises CUDA (fork and CUDA do not mix).
+    cancellable: the first Ctrl-C here asks the holder to cancel (work.cancel) and waits for its
+    answer, marked "interrupted": true; a second one stops waiting (Interrupted's exit code: the
+    holder goes on). Must be called before this process initialises CUDA (fork and CUDA do not mix).
     """
     _standard_fds_open()
     rfd, wfd = os.pipe()
+    cancel_r, cancel_w = os.pipe() if cancellable else (None, None)
     pid = os.fork()
     if pid == 0:  # intermediate child: detach, fork the holder, exit
         os.close(rfd)
         os.setsid()
         if os.fork() == 0:
             try:
+                if cancellable:
+                    os.close(cancel_w)
+                    work.cancel = cancel.Cancel(cancel_r)
                 _holder_main(work, wfd)
             except BaseException:
                 traceback.print_exc()
@@ -119,6 +129,29 @@ def start(work, on_progress=print):
         os._exit(0)
     os.close(wfd)
     os.waitpid(pid, 0)
+    if not cancellable:
+        return _follow(rfd, work, on_progress)
+
+    def first_interrupt():
+        cancel.ask_holder(cancel_w)
+        on_progress("interrupt: cancelling before the next step, then rolling back (Ctrl-C again "
+                    "stops waiting; the rollback then goes on without this command)")
+
+    os.close(cancel_r)
+    try:
+        with cancel.on_interrupt(first_interrupt) as seen:
+            final = _follow(rfd, work, on_progress)
+    except KeyboardInterrupt:
+        return _done(False, f"not waiting any more: the holder goes on (its log: {log_path(work.key)}); "
+                     f"`criu-gpushare status {work.key}` shows the group as it is", Interrupted.exit_code)
+    finally:
+        os.close(cancel_w)
+    final["interrupted"] = bool(seen)
+    return final
+
+
+def _follow(rfd, work, on_progress):
+    """Relay the holder's progress from its start pipe; -> its final object."""
     final = None
     with os.fdopen(rfd, "rb") as r:
         for line in r:

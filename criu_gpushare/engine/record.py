@@ -13,10 +13,12 @@ their model and memory, and the processes by pid (host pid and pid in their own 
    "group": {...}}                     # engine/steps.py Group.state()
 
 Written atomically and durably; read back with every field checked (ImageError names what is
-wrong).
+wrong), never through a symbolic link, and only from a regular file of root's or the reader's.
 """
+import errno
 import json
 import os
+import stat
 import time
 
 from .. import __version__
@@ -62,13 +64,27 @@ def read(images_dir):
     criu-gpushare), unreadable, or of a format this version does not know."""
     path = os.path.join(images_dir, RECORD_NAME)
     try:
-        with open(path) as f:
+        # Not through a link, nor from a file that only its owner may vouch for: the record names
+        # the store and the ref a restore loads into GPU memory.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ImageError(images_dir, f"{path} is not a regular file: remove it and dump again")
+            if st.st_uid not in (0, os.geteuid()):
+                raise ImageError(images_dir, f"{path} is owned by uid {st.st_uid}, neither root nor "
+                                 f"uid {os.geteuid()}: if you trust it, chown it, else dump again")
             record = json.load(f)
     except FileNotFoundError:
         raise RecordMissing(images_dir, f"has no {RECORD_NAME}: it was not dumped through "
                          "criu-gpushare (criu-gpushare dump, or criu dump --action-script "
                          "criu-gpushare-hook)") from None
-    except (OSError, ValueError) as e:
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ImageError(images_dir, f"{path} is a symbolic link: the tool reads no record through "
+                             "one; copy the file in its place") from None
+        raise ImageError(images_dir, f"{RECORD_NAME} cannot be read: {e}") from None
+    except ValueError as e:
         raise ImageError(images_dir, f"{RECORD_NAME} cannot be read: {e}") from None
     if not isinstance(record, dict):
         raise ImageError(images_dir, f"{RECORD_NAME} is not a JSON object")

@@ -3,7 +3,8 @@ and undoes them on any failure.
 
 Every failure, of any kind (the tool's errors, a bug, Ctrl-C), ends in one of:
   - the whole list done;
-  - the whole rollback done: StepFailed, exit code of the cause, the workload runs as before;
+  - the whole rollback done: StepFailed, exit code of the cause, the workload runs as before
+    (a cancel, asked between steps through engine/cancel.py, or an interrupt: Cancelled's);
   - the rollback failed too: SuspendHeld (GroupHeld's exit code), the journal keeps the group and
     `criu-gpushare resume` finishes the rollback once the cause is fixed.
 Undo (resume, restore after CRIU, rollback) runs UNDO for the steps begun; a failure there is
@@ -13,7 +14,7 @@ running again, or after a step that did only part of its work).
 import time
 import traceback
 
-from ..errors import Error, GroupHeld, RestoreIncomplete
+from ..errors import Cancelled, Error, GroupHeld, RestoreIncomplete
 from ..gpu.copy_engine import CopyStats
 from .faults import fault_point
 from .steps import UNDO
@@ -28,6 +29,9 @@ class StepFailed(Error):
         self.exit_code = getattr(cause, "exit_code", Error.exit_code)
 
     def __str__(self):
+        if isinstance(self.cause, Cancelled):
+            return (f"{self.verb} cancelled by an interrupt at step {self.step or 'end'} ({self.cause}): "
+                    "rolled back, the workload runs as before")
         return f"{self.verb} failed at step {self.step}: {self.cause}; rolled back, the workload runs as before"
 
 
@@ -61,14 +65,15 @@ def as_error(e):
     if isinstance(e, Error):
         return e
     if isinstance(e, KeyboardInterrupt):
-        return Error("interrupted")
+        return Cancelled("interrupted")
     traceback.print_exc()
     return Error(f"internal error: {e!r}")
 
 
 class Runner:
-    def __init__(self, group, journal=None):
-        self.group, self.journal = group, journal
+    def __init__(self, group, journal=None, cancel=None):
+        """cancel: an engine/cancel.Cancel that run() asks before each step and after the last."""
+        self.group, self.journal, self.cancel = group, journal, cancel
 
     def _record(self):
         if self.journal is not None:
@@ -87,9 +92,12 @@ class Runner:
 
     def run(self, steps, verb="suspend"):
         """Run steps in order; on any failure undo what was begun and raise (see the module doc)."""
-        for name in steps:
+        for name in (*steps, None):  # None: a cancel asked during the last step still counts
             try:
-                self._do(name, begin=True)
+                if self.cancel is not None and self.cancel.requested():
+                    raise Cancelled("before it began" if name else "after the last step")
+                if name is not None:
+                    self._do(name, begin=True)
             except BaseException as e:
                 cause = as_error(e)
                 self.group.report(f"rolling back ({', '.join(reversed(self.group.done))})")

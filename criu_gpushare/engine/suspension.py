@@ -1,8 +1,8 @@
 """Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and `resume`, which
 asks the holder when it lives and otherwise finishes the work from the journal in this process."""
 
-from ..errors import GroupHeld, ProcessError
-from . import holder, journal as jn
+from ..errors import GroupHeld, Interrupted, ProcessError
+from . import cancel, holder, journal as jn
 from .runner import Runner
 from .steps import IN_PLACE, Group, Options
 
@@ -27,7 +27,8 @@ class SuspendWork(holder.Work):
             if not self.group.has_gpu_state:
                 raise NothingToSuspend(", ".join(map(str, self.pids)), "has no CUDA state: nothing "
                                        "to suspend (nothing was changed)")
-            Runner(self.group, self.journal).run(IN_PLACE)  # records the group before each step
+            # records the group before each step; a cancel from `suspend`'s Ctrl-C is asked between
+            Runner(self.group, self.journal, self.cancel).run(IN_PLACE)
         except GroupHeld as e:
             self.journal.set(state=jn.HELD, error=str(e))
             raise
@@ -41,6 +42,8 @@ class SuspendWork(holder.Work):
         if cmd == "resume":
             self.group.report = report
             self.group.options.gpu_map = fields.get("gpu_map") or None
+            if fields.get("verify") is not None:  # the resuming command's setting, not the suspend's
+                self.group.options.verify = fields["verify"]
             return resume_group(self.group, self.journal), False
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
@@ -66,13 +69,19 @@ def resume(journal, gpu_map=None, report=print, verify=None):
     resume here leaves."""
     if journal.worker_alive():
         try:
-            final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {})
+            final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {},
+                               verify=verify)
         except ProcessError:
             worker = journal.data["worker"]["pid"]
             raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
                                f"({journal.kind}, {journal.state}); wait for it") from None
+        except KeyboardInterrupt:  # the holder ignores it and goes on
+            raise Interrupted(f"interrupted: the resume goes on in the holder of group {journal.key} "
+                              f"(its log: {holder.log_path(journal.key)}); `criu-gpushare status "
+                              f"{journal.key}` shows when it is done") from None
         return final
-    return {"event": "done", "ok": True, "result": recover(journal, gpu_map, report, verify)}
+    with cancel.on_interrupt(lambda: report(cancel.GOES_ON.format("resume"))):
+        return {"event": "done", "ok": True, "result": recover(journal, gpu_map, report, verify)}
 
 
 def recover(journal, gpu_map=None, report=print, verify=None):

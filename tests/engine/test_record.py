@@ -1,5 +1,6 @@
 """The record in a CRIU image directory: written durably, read back with every field checked."""
 import json
+import os
 
 import pytest
 
@@ -42,4 +43,27 @@ def test_a_record_of_another_format_is_refused(tmp_path):
     rec["format"] = 99
     (tmp_path / record.RECORD_NAME).write_text(json.dumps(rec))
     with pytest.raises(ImageError, match="format 99"):
+        record.read(str(tmp_path))
+
+
+def test_a_record_through_a_link_or_not_a_file_is_refused(tmp_path):
+    rec = record.make(Group(), "/s", "r", "m", [], {}, 2)
+    real = tmp_path / "elsewhere.json"
+    real.write_text(json.dumps(rec))
+    path = tmp_path / record.RECORD_NAME
+    path.symlink_to(real)
+    with pytest.raises(ImageError, match="is a symbolic link"):
+        record.read(str(tmp_path))
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(ImageError, match="not a regular file"):
+        record.read(str(tmp_path))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another uid needs root")
+def test_a_record_of_another_user_is_refused(tmp_path):
+    path = tmp_path / record.RECORD_NAME
+    path.write_text(json.dumps(record.make(Group(), "/s", "r", "m", [], {}, 2)))
+    os.chown(path, 65534, 65534)
+    with pytest.raises(ImageError, match="owned by uid 65534"):
         record.read(str(tmp_path))

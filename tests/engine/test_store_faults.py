@@ -91,3 +91,19 @@ def test_the_ref_of_a_live_suspension_cannot_be_removed(lc, suspended):
     assert r.returncode == 6 and str(a.pid) in r.stderr, r.stderr
     resume(lc, a.pid)
     assert values(b, "buf") == [77] * 4
+
+
+def test_verify_off_at_resume_loads_without_hashing(lc, suspended):
+    """CRIU_GPUSHARE_VERIFY=0 given to `resume` turns the hashing off (the suspend had it on, and
+    its holder does the load): the corrupted chunk is loaded as it is, which only a load without
+    hashing can do; sizes are still checked (a truncated chunk is still refused)."""
+    a, b = suspended
+    chunk = chunk_files(lc)[0]
+    data = bytearray(open(chunk, "rb").read())
+    data[0] ^= 0xFF
+    os.chmod(chunk, 0o644)
+    with open(chunk, "wb") as f:
+        f.write(data)
+    r = lc.cli("resume", a.pid, env=dict(lc.tool, CRIU_GPUSHARE_VERIFY="0"))
+    assert r.returncode == 0, r.stderr
+    assert values(b, "buf") != [77] * 4  # the flipped byte is in GPU memory: nothing checked it

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -68,22 +67,6 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.gpu)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
-
-
-def _sigterm_as_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def pytest_configure(config):
-    # scripts/gpu-tests.sh runs pytest under `timeout`, which sends SIGTERM: as an interrupt,
-    # pytest still tears the fixtures down (killing the probes) and writes the JUnit XML.
-    config._gpushare_old_sigterm = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
-
-
-def pytest_unconfigure(config):
-    old = getattr(config, "_gpushare_old_sigterm", None)
-    if old is not None:
-        signal.signal(signal.SIGTERM, old)
 
 
 def _criu_skip_reason():

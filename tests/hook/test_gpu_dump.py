@@ -15,6 +15,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
 from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
+from interrupts import interrupt, paused_env
 from criu_gpushare.engine.record import RECORD_NAME
 
 HOOK = shutil.which("criu-gpushare-hook")
@@ -530,3 +531,28 @@ def test_dump_to_s3_and_two_nodes_restore_it_through_their_own_caches(env, tree,
         reap([parent.pid, a.pid, b.pid])
     outputs += [(images / RECORD_NAME).read_text()]
     assert not [o for o in outputs if SECRET_KEY in o]
+
+
+def test_ctrl_c_on_dump_cancels_and_rolls_back(env, tree, tmp_path):
+    """The first Ctrl-C cancels before the dump's next step: rolled back, CRIU's dump failed, no
+    ref left (exit 17)."""
+    parent, a, b = tree
+    pause = tmp_path / "pause"
+    r = interrupt(["dump", parent.pid, tmp_path / "images"], paused_env(env["tool"], "save", pause), pause)
+    assert r.returncode == 17, r.stderr
+    assert "dump cancelled by an interrupt at step release" in r.stderr and "rolled back" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "Aborted" not in r.stderr
+    assert_back(env, a, b)
+    refs = tmp_path / "store" / "refs"
+    assert not refs.exists() or not list(refs.iterdir())
+
+
+def test_ctrl_c_on_restore_once_criu_began_lets_it_finish(env, tree, tmp_path):
+    parent, a, b = tree
+    images, _ = dumped(env, tree, tmp_path)
+    pause = tmp_path / "pause"
+    r = interrupt(["restore", images], paused_env(env["tool"], "load", pause), pause)
+    assert r.returncode == 0, r.stderr
+    assert "interrupt: the restore goes on" in r.stderr
+    a.wait_ready()
+    assert_back(env, a, b)

@@ -1,0 +1,19 @@
+"""scripts/gpu-tests.sh never stops a test without saying which one and where it was."""
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_a_pytest_run_past_its_timeout_names_the_test_and_its_line(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), GPU_TESTS_INSTALL="0", GPU_PARTS="gpu",
+               GPU_TESTS="tests/cli/hang_case.py", PYTEST_TIMEOUT_S="15")
+    r = subprocess.run(["scripts/gpu-tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    log = (out / "gpu-tests.log").read_text()
+    assert ("pytest tests/cli/hang_case.py stopped by the 15 s timeout (PYTEST_TIMEOUT_S) in "
+            "tests/cli/hang_case.py::test_waits_forever") in log, log[-3000:]
+    assert 'hang_case.py", line 8 in test_waits_forever' in log, log[-3000:]  # where it was
+    assert "pytest tests/cli/hang_case.py: FAILED (exit 124)" in (out / "steps.txt").read_text()
