@@ -22,6 +22,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from protocol import read_answer, request_line  # noqa: E402
 REQUESTS = [[1, 2, 3], [7, 7, 7, 7], [100, 3], [42] * 20, [5, 11, 250, 31, 9], [300, 301]]
 TIMEOUT_S = 300
 
@@ -57,12 +59,9 @@ class ServingTree:
 
     def ask(self, tokens, timeout=120):
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as s:
-            s.sendall((json.dumps({"tokens": tokens}) + "\n").encode())
+            s.sendall(request_line(tokens).encode())
             with s.makefile("r") as f:
-                line = f.readline()
-        if not line:
-            raise ConnectionError("no answer (the connection was closed)")
-        return json.loads(line)
+                return read_answer(f.readline())
 
     def answers(self):
         return [self.ask(t) for t in REQUESTS]
@@ -143,7 +142,7 @@ def dump_and_restore(tree, images, door, env=None):
     if door == "wrapper":
         run([*tool(), "restore", images, "--criu-opt", "tcp-close"], env, "restore")
     else:
-        run(["criu", "restore", "-d", "-D", images, "--action-script", hook, "--tcp-close",
+        run(["criu", "restore", "-d", "-D", images, "--action-script", hook, "--link-remap", "--tcp-close",
              "-o", "restore.log", "-v4"], env, "criu restore")
     return dump_s, time.monotonic() - t0, traffic
 

@@ -13,7 +13,9 @@
 
 A request is {"tokens": [ints]}; the answer is {"tokens": [the greedy continuation], "sum": a
 checksum of the KV blocks it used, "worker": which worker}. Both depend only on the request and
-the weights: the same request always gets the same answer, before and after a checkpoint.
+the weights: the same request always gets the same answer, before and after a checkpoint. The
+format, and the check the API makes before a request reaches the engine, are protocol.py's (no
+torch there): a bad request is answered {"error": ...} and the tree serves on.
 
     python serve.py --dir DIR [--port PORT]     # writes DIR/ready ({"port": ..., "pids": [...]})
 
@@ -28,18 +30,31 @@ import sys
 import threading
 import time
 
-VOCAB, DIM, BLOCK_TOKENS, BLOCKS, STEPS = 512, 256, 16, 64, 8
+from protocol import (VOCAB, BadRequest, answer_line, error_answer, parse_request, read_answer,
+                      request_line)
+
+DIM, BLOCK_TOKENS, BLOCKS, STEPS = 256, 16, 64, 8
 
 for _k, _v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
                ("NVSHMEM_DISABLE_NVLS", "1")):
     os.environ[_k] = _v  # NVLink multicast stays off here and in every child
 
 
-def _lines(conn):
-    with conn, conn.makefile("rw") as f:
-        line = f.readline()
-        if line:
-            yield f, json.loads(line)
+def _one_request(conn, answer):
+    """Read one request line from conn, write answer(tokens) back (an error answer for a bad
+    request), close it. A peer gone (a connection CRIU closed at a dump) is not an error."""
+    try:
+        with conn, conn.makefile("rw") as f:
+            line = f.readline()
+            if not line:
+                return
+            try:
+                reply = answer(parse_request(line))
+            except BadRequest as e:
+                reply = error_answer(e)
+            f.write(answer_line(reply))
+    except OSError:
+        pass
 
 
 # -- worker (torch, GPU) -------------------------------------------------------------------------
@@ -176,36 +191,32 @@ def engine(directory, started, model_kind):
     srv.bind(path)  # CRIU restores a listening socket at the name it was bound to
     srv.listen(64)
     started.put([os.getpid(), pids[0], pids[1]])
-    lock, seq = threading.Lock(), [0]
+    seq = [0]
+
+    def answer(tokens):  # one request at a time on the queues: answers never cross
+        seq[0] += 1
+        inboxes[sum(tokens) % 2].put((seq[0], tokens))
+        got, reply = outbox.get(timeout=600)
+        return reply if got == seq[0] else error_answer("answer out of order")
+
     while True:
         conn, _ = srv.accept()
-        for f, req in _lines(conn):
-            tokens = [int(t) for t in req["tokens"]]
-            with lock:  # one request at a time on the queues: answers never cross
-                seq[0] += 1
-                rid = seq[0]
-                inboxes[sum(tokens) % 2].put((rid, tokens))
-                got, answer = outbox.get(timeout=600)
-            f.write(json.dumps(answer if got == rid else {"error": "answer out of order"}) + "\n")
+        _one_request(conn, answer)
 
 
 # -- api (no CUDA) -------------------------------------------------------------------------------
 
-def ask_engine(directory, req):
+def ask_engine(directory, tokens):
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(600)
         s.connect(os.path.join(directory, "engine.sock"))
-        s.sendall((json.dumps(req) + "\n").encode())
+        s.sendall(request_line(tokens).encode())
         with s.makefile("r") as f:
-            return json.loads(f.readline())
+            return read_answer(f.readline())
 
 
 def serve_client(conn, directory):
-    try:
-        for f, req in _lines(conn):
-            f.write(json.dumps(ask_engine(directory, req)) + "\n")
-    except (OSError, ValueError):
-        pass  # a client gone (a connection CRIU closed at a dump): the next one is served
+    _one_request(conn, lambda tokens: ask_engine(directory, tokens))
 
 
 def main():

@@ -17,6 +17,11 @@ import demo  # noqa: E402
 from probe_harness import record  # noqa: E402
 
 
+def _maps_libcuda(pid):
+    with open(f"/proc/{pid}/maps") as f:
+        return any("libcuda.so" in line for line in f)
+
+
 @pytest.mark.parametrize("door", ["wrapper", "hook"])
 def test_serving_tree_under_traffic(door, tmp_path, criu_bin, torch_available):
     if door == "hook" and shutil.which("criu-gpushare-hook") is None:
@@ -26,6 +31,9 @@ def test_serving_tree_under_traffic(door, tmp_path, criu_bin, torch_available):
     os.makedirs(env["CRIU_GPUSHARE_RUN_DIR"], mode=0o700)
     tree = demo.ServingTree(str(tmp_path), env)
     try:
+        api, engine, *workers = tree.pids
+        assert not _maps_libcuda(api) and not _maps_libcuda(engine), "the API or the engine loaded CUDA"
+        assert all(_maps_libcuda(w) for w in workers)
         before = tree.answers()
         assert all("error" not in a for a in before), before
         images = str(tmp_path / "images")
@@ -34,6 +42,7 @@ def test_serving_tree_under_traffic(door, tmp_path, criu_bin, torch_available):
         assert traffic.ok > 0, "no request was answered while the dump was prepared"
         after = tree.answers()
         assert after == before
+        assert not _maps_libcuda(tree.pids[0]), "the restored API loaded CUDA"
         record("serving_tree", door=door, dump_s=round(dump_s, 2), restore_s=round(restore_s, 2),
                answered_during=traffic.ok, cut=traffic.failed)
     finally:
