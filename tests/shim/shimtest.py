@@ -41,9 +41,9 @@ def cuda_include():
 class Workload:
     """A running tests/shim/workload.py; `do` sends one command and returns its JSON reply."""
 
-    def __init__(self, env, extra_env=None, **popen):
+    def __init__(self, env, extra_env=None, script=WORKLOAD, **popen):
         env = dict(env, **(extra_env or {}))
-        self.proc = subprocess.Popen([sys.executable, WORKLOAD], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=env, **popen)
         self.lines: queue.Queue = queue.Queue()
