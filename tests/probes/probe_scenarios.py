@@ -41,7 +41,8 @@ LAZY_IPC_FACTS = {
 # takes after the driver restored its memory does not open either (NOT_PERMITTED), for 4 KiB and
 # 1 MiB alike, in this probe's sequence (two checkpointer processes, then the exporter's fresh
 # handle). The fake still opens it. Through the shim the same memory does open after suspends on
-# the H200 (tests/engine/test_cycles.py, [driver-memory]): which difference matters is open.
+# the H200 (tests/engine/test_cycles.py, [driver-memory]). One difference: the shim takes no
+# driver handle before the checkpoints; LAZY_IPC_FACTS_FIRST_HANDLE_AFTER probes that sequence.
 LAZY_IPC_FACTS_DRIVER_580 = dict(LAZY_IPC_FACTS, open_of_handle_taken_after_restore="CUDA_ERROR_NOT_PERMITTED",
                                  importer_sees_the_data=False, exporter_sees_the_importers_write=False)
 
