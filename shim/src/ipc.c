@@ -453,19 +453,27 @@ int gs_ipc_get(uint64_t va, unsigned char out[64], char *err, size_t errlen)
     gs_unlock();
     CUdeviceptr base = 0;
     size_t size = 0;
-    int pushed = want_base ? push_owner_ctx((CUdeviceptr)va) : 0;
-    /* Only memory a lazy handle was given for, and still the same allocation (not freed and
-     * allocated again at that address). */
-    CUresult r = want_base ? alloc_range((CUdeviceptr)va, &base, &size) : CUDA_SUCCESS;
-    if (!want_base || r != CUDA_SUCCESS || base != want_base || size != want_size) {
+    if (!want_base) {
+        snprintf(err, errlen, "gone: no CUDA IPC handle of memory at 0x%llx was given out here",
+                 (unsigned long long)va);
+        return -1;
+    }
+    int pushed = push_owner_ctx((CUdeviceptr)va);
+    /* Still the allocation the handle was given for (not freed and allocated again there)? Each
+     * answer is named, so a driver that reports the range otherwise shows which one differs. */
+    CUresult r = alloc_range((CUdeviceptr)va, &base, &size);
+    if (r != CUDA_SUCCESS || base != want_base || size != want_size) {
         pop_owner_ctx(pushed);
-        if (r != CUDA_SUCCESS) /* the driver's answer says why (freed, or a driver fact changed) */
+        if (r != CUDA_SUCCESS)
             snprintf(err, errlen,
                      "gone: the memory at 0x%llx is not there (cuMemGetAddressRange: %s)",
                      (unsigned long long)va, gs_cu_name(r));
         else
-            snprintf(err, errlen, "gone: no CUDA IPC handle of memory at 0x%llx was given out here",
-                     (unsigned long long)va);
+            snprintf(err, errlen,
+                     "gone: the allocation at 0x%llx is not the one the handle was given for "
+                     "(given for 0x%llx, %zu bytes; cuMemGetAddressRange now: 0x%llx, %zu bytes)",
+                     (unsigned long long)va, (unsigned long long)want_base, want_size,
+                     (unsigned long long)base, size);
         return -1;
     }
     CUipcMemHandle h;
@@ -603,7 +611,8 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
         gs_depth--;
         return r;
     }
-    if (!memcmp(l.magic, GS_IPC_LAZY_MAGIC, sizeof(l.magic)) && l.version == 1) {
+    int lazy = !memcmp(l.magic, GS_IPC_LAZY_MAGIC, sizeof(l.magic)) && l.version == 1;
+    if (lazy) {
         if (l.pid == (int32_t)getpid()) {
             gs_depth--;
             return CUDA_ERROR_INVALID_CONTEXT; /* as the driver: no opening of one's own handle */
@@ -614,6 +623,11 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
         }
     }
     r = real(pdptr, handle, Flags);
+    if (r != CUDA_SUCCESS && lazy)
+        gs_log("cuIpcOpenMemHandle: the driver refuses pid %d's handle of 0x%llx (%llu bytes, "
+               "below the backing threshold: the driver's own memory): %s", (int)l.pid,
+               (unsigned long long)(l.base + l.offset), (unsigned long long)l.size,
+               gs_cu_name(r));
     if (r == CUDA_SUCCESS) {
         /* Memory of a process without the shim, or driver memory of one with it: recorded so a
          * checkpoint refuses it instead of failing in the driver's restore. */

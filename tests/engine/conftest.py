@@ -26,16 +26,7 @@ class LcWorkload(Workload):
     """tests/engine/lcworkload.py (the shim tests' workload plus host readers and signals)."""
 
     def __init__(self, env):
-        import queue
-        import threading
-        self.proc = subprocess.Popen([sys.executable, LC_WORKLOAD], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env=env)
-        self.lines = queue.Queue()
-        threading.Thread(target=self._pump, daemon=True).start()
-        hello = self.reply(30)
-        assert hello["ok"], hello
-        self.pid = self.proc.pid
+        super().__init__(env, script=LC_WORKLOAD)
 
 
 class Env:

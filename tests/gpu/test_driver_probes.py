@@ -14,6 +14,7 @@ import pytest
 from criu_runner import run_criu
 from probe_harness import PROBES_DIR, nvidia_fds, record
 from probe_scenarios import (DRIVER_FACTS, IMPORTER_CYCLE, LAZY_IPC_FACTS, LAZY_IPC_FACTS_DRIVER_580,
+                             LAZY_IPC_FACTS_FIRST_HANDLE_AFTER, LAZY_IPC_SIZES,
                              SUCCESS, all_succeeded,
                              driver_cycle, exporter_checkpoint, importer_cycle, lazy_ipc_cycle,
                              lazy_ipc_facts, one_probe_line, rates, released_importer_cycle,
@@ -90,6 +91,20 @@ def test_legacy_ipc_of_memory_the_driver_restores(probes, nbytes):
            same_handle_bytes=again.get("same_bytes"),
            **{key: value for key, value in facts.items() if value != LAZY_IPC_FACTS[key]})
     assert facts == LAZY_IPC_FACTS_DRIVER_580, probes.describe()
+
+
+@pytest.mark.parametrize("nbytes", LAZY_IPC_SIZES)
+def test_legacy_ipc_handle_first_taken_after_the_restore_opens(probes, nbytes):
+    """The fact the shim's lazy handles rest on: the exporter takes no driver handle before two
+    driver cycles, its first one after them opens in a new process on the same memory, at every
+    size below the backing threshold. If driver 580 refuses it (as it refuses a handle taken after
+    one from before), the record names the answer and lazy handles cannot survive a checkpoint."""
+    seen = lazy_ipc_cycle(probes, nbytes, lazy=True)
+    facts = lazy_ipc_facts(seen)
+    record("lazy_ipc_first_after", bytes=nbytes, range=seen["ready"]["queries"]["main_range"],
+           **{key: value for key, value in facts.items()
+              if value != LAZY_IPC_FACTS_FIRST_HANDLE_AFTER.get(key)})
+    assert facts == LAZY_IPC_FACTS_FIRST_HANDLE_AFTER, probes.describe()
 
 
 @pytest.mark.timeout(120)

@@ -1,11 +1,12 @@
 """Legacy CUDA IPC of memory the driver checkpoints itself (a small cuMemAlloc), and the context
 its queries need: the driver facts behind the shim's lazy IPC handles (shim/protocol.md, ipcget).
 
-    legacy_ipc.py exporter --dir D --bytes N [--seed S]
+    legacy_ipc.py exporter --dir D --bytes N [--seed S] [--lazy]
     legacy_ipc.py importer --handle HEX --bytes N --seed S --write W    (one-shot)
 
 exporter: cuMemAlloc of N bytes on device 0, filled with the probe pattern (probelib.fill), and a
-  legacy IPC handle of it taken at once ("before"). Announces `exporter.ready`
+  legacy IPC handle of it taken at once ("before"; with --lazy none is taken before the restore, as
+  the shim's lazy handles do, and "before" is null). Announces `exporter.ready`
   {pid, va, before, queries}. Request `again` (after the test checkpointed and restored it):
   {data_ok, after: a handle taken now, same_bytes: after == before, queries}. Request `verify`
   {seed}: {data_ok} against that seed's pattern.
@@ -59,7 +60,8 @@ def exporter(args, rv):
     pl.init_context()
     va = int(pl.check(cu.cuMemAlloc(args.bytes), "cuMemAlloc"))
     pl.fill(va, args.bytes, args.seed)
-    before = pl.ipc_handle_bytes(pl.check(cu.cuIpcGetMemHandle(va), "cuIpcGetMemHandle"))
+    before = None if args.lazy else pl.ipc_handle_bytes(
+        pl.check(cu.cuIpcGetMemHandle(va), "cuIpcGetMemHandle"))
 
     def again(_request):
         data_ok, _ = pl.verify(va, args.bytes, args.seed)
@@ -70,7 +72,8 @@ def exporter(args, rv):
     def verify(request):
         return {"data_ok": pl.verify(va, args.bytes, int(request["seed"]))[0]}
 
-    rv.announce("exporter.ready", {"pid": os.getpid(), "va": va, "before": before.hex(),
+    rv.announce("exporter.ready", {"pid": os.getpid(), "va": va,
+                                   "before": before.hex() if before else None,
                                    "queries": queries(va)})
     rv.serve({"again": again, "verify": verify})
 
@@ -96,6 +99,8 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--handle")
     parser.add_argument("--write", type=int, default=2)
+    parser.add_argument("--lazy", action="store_true",
+                        help="exporter: take no handle before the restore (the shim's lazy handles)")
     args = parser.parse_args()
     if args.role == "importer":
         pl.run_role(pl.Rendezvous(os.getcwd(), "importer"), lambda: importer(args))

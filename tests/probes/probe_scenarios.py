@@ -41,9 +41,16 @@ LAZY_IPC_FACTS = {
 # takes after the driver restored its memory does not open either (NOT_PERMITTED), for 4 KiB and
 # 1 MiB alike, in this probe's sequence (two checkpointer processes, then the exporter's fresh
 # handle). The fake still opens it. Through the shim the same memory does open after suspends on
-# the H200 (tests/engine/test_cycles.py, [driver-memory]): which difference matters is open.
+# the H200 (tests/engine/test_cycles.py, [driver-memory]). One difference: the shim takes no
+# driver handle before the checkpoints; LAZY_IPC_FACTS_FIRST_HANDLE_AFTER probes that sequence.
 LAZY_IPC_FACTS_DRIVER_580 = dict(LAZY_IPC_FACTS, open_of_handle_taken_after_restore="CUDA_ERROR_NOT_PERMITTED",
                                  importer_sees_the_data=False, exporter_sees_the_importers_write=False)
+
+# The shim's own sequence (lazy_ipc_cycle(lazy=True)): no driver handle is taken before the
+# checkpoints, the first one after the restore. The shim's lazy handles rest on this one opening,
+# for every size below the backing threshold (tests/gpu/test_driver_probes.py asserts it there).
+LAZY_IPC_FACTS_FIRST_HANDLE_AFTER = dict(LAZY_IPC_FACTS, open_of_handle_from_before_restore=None)
+LAZY_IPC_SIZES = (4096, 65536, 1 << 20)
 
 # The step list of an importer's full driver cycle (indices used by the tests).
 IMPORTER_CYCLE = ("lock", "checkpoint", "restore", "state", "unlock")
@@ -95,12 +102,14 @@ def driver_cycle(session: ProbeSession, holders, lock_timeout_ms=10000):
     return run, verified
 
 
-def lazy_ipc_cycle(session: ProbeSession, nbytes, cycles=2):
+def lazy_ipc_cycle(session: ProbeSession, nbytes, cycles=2, lazy=False):
     """legacy_ipc.py: an exporter of `nbytes` of cuMemAlloc memory with a legacy IPC handle taken
-    at once goes through `cycles` driver cycles (lock, checkpoint, restore, unlock); then the
-    handle from before and one taken after are each opened by a new process (the second writes
-    the pattern of seed 4). Returns dict(ready, runs, again, opens {before, after}, shared)."""
-    session.start("exporter", "legacy_ipc.py", "exporter", "--dir", session.dir, "--bytes", nbytes)
+    at once (none with `lazy`: the shim's sequence) goes through `cycles` driver cycles (lock,
+    checkpoint, restore, unlock); then the handle from before and one taken after are each opened
+    by a new process (the second writes the pattern of seed 4). Returns dict(ready, runs, again,
+    opens {before, after}, shared); with `lazy`, opens has no "before"."""
+    session.start("exporter", "legacy_ipc.py", "exporter", "--dir", session.dir, "--bytes", nbytes,
+                  *(["--lazy"] if lazy else []))
     ready = session.wait_for("exporter.ready")
     pid = ready["pid"]
     seen = {"ready": ready, "runs": [], "again": None, "opens": {}, "shared": None}
@@ -112,6 +121,8 @@ def lazy_ipc_cycle(session: ProbeSession, nbytes, cycles=2):
             return seen
     seen["again"] = session.request("exporter", "again")
     for which, handle in (("before", ready["before"]), ("after", seen["again"]["after"])):
+        if handle is None:
+            continue
         rc, output = session.run_program(f"importer-{which}", "legacy_ipc.py", "importer",
                                          "--handle", handle, "--bytes", nbytes, "--seed", 1,
                                          "--write", 4, timeout=60)
@@ -138,7 +149,8 @@ def lazy_ipc_facts(seen):
             all(q.get("pushed_range") == q["main_range"] for q in (first, last)),
         "range_kept_by_restore": first["main_range"] == last["main_range"],
         "data_kept_by_restore": seen["again"]["data_ok"],
-        "open_of_handle_from_before_restore": opens["before"].get("result"),
+        "open_of_handle_from_before_restore": opens["before"].get("result") if "before" in opens
+                                              else None,
         "open_of_handle_taken_after_restore": opens["after"].get("result"),
         "importer_sees_the_data": opens["after"].get("data_ok") == "True",
         "exporter_sees_the_importers_write": seen["shared"]["data_ok"],

@@ -13,7 +13,8 @@ import time
 
 import pytest
 from probe_harness import CheckpointRun, ProbeSession
-from probe_scenarios import (DRIVER_FACTS, IMPORTER_CYCLE, LAZY_IPC_FACTS, SUCCESS, all_succeeded,
+from probe_scenarios import (DRIVER_FACTS, IMPORTER_CYCLE, LAZY_IPC_FACTS,
+                             LAZY_IPC_FACTS_FIRST_HANDLE_AFTER, LAZY_IPC_SIZES, SUCCESS, all_succeeded,
                              driver_cycle, exporter_checkpoint, importer_cycle, lazy_ipc_cycle,
                              lazy_ipc_facts, one_probe_line, released_importer_cycle, tool_copy)
 
@@ -73,6 +74,12 @@ def test_exported_fd_stays_open_after_checkpoint(probes):
 @pytest.mark.parametrize("nbytes", [4096, 1 << 20])
 def test_legacy_ipc_of_memory_the_driver_restores(probes, nbytes):
     assert lazy_ipc_facts(lazy_ipc_cycle(probes, nbytes)) == LAZY_IPC_FACTS
+
+
+@pytest.mark.parametrize("nbytes", LAZY_IPC_SIZES)
+def test_legacy_ipc_handle_first_taken_after_the_restore_opens(probes, nbytes):
+    facts = lazy_ipc_facts(lazy_ipc_cycle(probes, nbytes, lazy=True))
+    assert facts == LAZY_IPC_FACTS_FIRST_HANDLE_AFTER
 
 
 def test_driver_cycle_in_place_keeps_contents(probes):

@@ -7,6 +7,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -40,13 +41,15 @@ def cuda_include():
 class Workload:
     """A running tests/shim/workload.py; `do` sends one command and returns its JSON reply."""
 
-    def __init__(self, env, extra_env=None, **popen):
+    def __init__(self, env, extra_env=None, script=WORKLOAD, **popen):
         env = dict(env, **(extra_env or {}))
-        self.proc = subprocess.Popen([sys.executable, WORKLOAD], stdin=subprocess.PIPE,
+        self.proc = subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env=env, **popen)
         self.lines: queue.Queue = queue.Queue()
+        self.log_lines: list = []  # its stderr: the shim's log, shown when a command fails
         threading.Thread(target=self._pump, daemon=True).start()
+        threading.Thread(target=self._pump_log, daemon=True).start()
         hello = self.reply(30)
         assert hello["ok"], hello
         self.pid = self.proc.pid
@@ -55,6 +58,23 @@ class Workload:
         for line in self.proc.stdout:
             self.lines.put(line)
         self.lines.put(None)
+
+    def _pump_log(self):
+        for line in self.proc.stderr:
+            self.log_lines.append(line.rstrip("\n"))
+
+    def log(self, lines=20):
+        """The last lines the process wrote to stderr (the shim logs why a call failed there)."""
+        return "\n".join(self.log_lines[-lines:])
+
+    def wait_log(self, text, timeout=10):
+        """Whether `text` shows in its stderr within `timeout` s (the log is read on a thread)."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.log_lines):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+        return True
 
     def send(self, command):
         self.proc.stdin.write(command + "\n")
@@ -67,13 +87,14 @@ class Workload:
             raise AssertionError(f"workload {self.proc.pid}: no reply within {timeout} s") from None
         if line is None:
             self.proc.wait(5)
-            raise AssertionError(f"workload exited ({self.proc.returncode}): {self.proc.stderr.read()}")
+            time.sleep(0.1)  # the log pump reads the last lines
+            raise AssertionError(f"workload exited ({self.proc.returncode}): {self.log(50)}")
         return json.loads(line)
 
     def do(self, command, timeout=30):
         self.send(command)
         r = self.reply(timeout)
-        assert r["ok"], f"{command!r}: {r}"
+        assert r["ok"], f"{command!r}: {r}\n{self.log()}"
         return r
 
     def status(self):

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from shimtest import ROOT
+from shimtest import ROOT, fake_only
 from criu_gpushare.shimctl import client as control
 from criu_gpushare.errors import ShimError
 
@@ -103,6 +103,26 @@ def test_a_lazy_handle_of_freed_memory_does_not_open(workload):
     importer.send(f"ipcopen small {handle} 4096")
     r = importer.reply()
     assert r == {"ok": False, "error": "CUDA_ERROR_INVALID_HANDLE"}
+    # The importer's log says which pid refused and why.
+    assert importer.wait_log(f"pid {exporter.pid} did not give a handle"), importer.log()
+    assert "gone: no CUDA IPC handle" in importer.log()
+
+
+@fake_only  # the driver's refusal is injected into the fake
+def test_a_refused_lazy_handle_fails_with_the_drivers_answer_and_says_why(workload):
+    """Driver 580 refused a legacy IPC handle of memory it had restored (LAZY_IPC_FACTS_DRIVER_580,
+    CUDA_ERROR_NOT_PERMITTED); modelled here by the fake failing the importer's open. The importer
+    gets the driver's answer, and its log names the memory and that it is the driver's own."""
+    exporter = workload()
+    exporter.do("malloc small 4096")
+    handle = exporter.do("ipcget small")["handle"]
+    importer = workload({"FAKECUDA_FAIL": "cuIpcOpenMemHandle=1:800"})
+    importer.send(f"ipcopen small {handle} 4096")
+    assert importer.reply() == {"ok": False, "error": "CUDA_ERROR_NOT_PERMITTED"}
+    assert importer.wait_log(f"the driver refuses pid {exporter.pid}'s handle"), importer.log()
+    assert ("below the backing threshold" in importer.log()
+            and "CUDA_ERROR_NOT_PERMITTED" in importer.log()), importer.log()
+    assert importer.status()["untracked"] == []  # nothing was opened
 
 
 def test_ipcget_only_serves_memory_it_gave_a_handle_for(workload):
