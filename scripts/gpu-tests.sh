@@ -178,6 +178,20 @@ if ! python3 -c 'import google.protobuf' 2>/dev/null && ls "$REPO"/.whl/protobuf
     step "protobuf for pycriu (from .whl/)" $?
 fi
 
+# s3:// stores (bench --s3, the s3 tests): SeaweedFS's weed binary (xz) and boto3's wheels, carried
+# in .s3-carry/ by scripts/pack-s3-carry.sh (the machine has neither and no network).
+if [ -e "$REPO/.s3-carry/weed.xz" ]; then
+    mkdir -p "$CRIU_PREFIX/usr/bin"
+    xz -dc "$REPO/.s3-carry/weed.xz" >"$CRIU_PREFIX/usr/bin/weed" && chmod +x "$CRIU_PREFIX/usr/bin/weed"
+    rc=$?
+    if ! python3 -c 'import boto3' 2>/dev/null; then
+        python3 -m pip install -q --no-index --find-links "$REPO/.s3-carry" boto3 2>&1 | tail -n 2 ||
+            python3 -m pip install -q --no-index --find-links "$REPO/.s3-carry" --break-system-packages boto3 2>&1 | tail -n 2
+        python3 -c 'import boto3' || rc=1
+    fi
+    step "weed and boto3 (from .s3-carry/)" $rc
+fi
+
 banner "versions"
 {
     # key: value lines first (the summary quotes them), then the full outputs, indented
@@ -193,7 +207,7 @@ banner "versions"
         echo "gpu: no nvidia-smi"
     fi
     echo "python: $(python3 --version 2>&1)"
-    for pkg in cuda-bindings torch xxhash psutil pytest criu-gpushare; do
+    for pkg in cuda-bindings torch xxhash psutil pytest boto3 criu-gpushare; do
         echo "$pkg: $(python3 -m pip show "$pkg" 2>/dev/null | awk '/^Version:/{print $2}')"
     done
     if command -v criu >/dev/null; then

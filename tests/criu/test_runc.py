@@ -22,6 +22,23 @@ RESTORE_ACTIONS = ["pre-restore", "setup-namespaces", "post-setup-namespaces", "
                    "pre-resume", "post-resume"]
 
 
+def host_binds(path, ro=True):
+    """Config mounts that show the host's PATH in a container as CRIU can dump it: PATH bound
+    without recursion, then each mount below it bound on its own. runc declares the mounts of
+    its configuration to CRIU as external; a mount that only comes along with an "rbind" is not,
+    and CRIU refuses one of a file system it cannot mount itself ("FS mnt ./usr/local/... unsupported":
+    a block device's, as the GPU machine's driver directory is)."""
+    below = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            point = line.split()[4].replace("\\040", " ")
+            if point.startswith(path.rstrip("/") + "/") and point not in below:
+                below.append(point)  # mountinfo lists parents before children
+    opts = ["ro"] if ro else ["rw"]
+    return [{"destination": p, "type": "bind", "source": p, "options": ["bind", *opts]}
+            for p in [path, *below]]
+
+
 class Container:
     """One runc container whose rootfs is the host's /usr and /etc, read-only, and a tmpfs /tmp,
     running a shell loop that appends to /tmp/ticks; runc's state lives in the test's directory."""
@@ -33,16 +50,14 @@ class Container:
         rootfs = self.bundle / "rootfs"
         for d in ("usr", "etc", "tmp", "proc", "dev", "sys"):
             (rootfs / d).mkdir(parents=True)
-        mounts = [{"destination": f"/{d}", "type": "bind", "source": f"/{d}",
-                   "options": ["rbind", "ro"]} for d in ("usr", "etc")]
+        mounts = host_binds("/usr") + host_binds("/etc")
         for d in ("bin", "lib", "lib64", "sbin"):
             host = f"/{d}"
             if os.path.islink(host):  # merged /usr: the same link in the rootfs
                 os.symlink(os.readlink(host), rootfs / d)
             elif os.path.isdir(host):
                 (rootfs / d).mkdir()
-                mounts.append({"destination": host, "type": "bind", "source": host,
-                               "options": ["rbind", "ro"]})
+                mounts += host_binds(host)
         mounts.append({"destination": "/tmp", "type": "tmpfs", "source": "tmpfs",
                        "options": ["nosuid", "nodev", "mode=1777"]})
         subprocess.run([RUNC, "spec"], cwd=self.bundle, check=True)

@@ -5,6 +5,8 @@ The container is tests/criu/test_runc.py's (the host's /usr and /etc read-only, 
 namespace, its own pid and mount namespaces) plus what a GPU container has: the NVIDIA device nodes
 bind-mounted and allowed, the driver's libraries (under the host's /usr), /opt (where the GPU
 machine's Python lives), the repository (the workload and the shim) and a control directory. The
+host's directories are bound as tests/criu/test_runc.py's host_binds does (each mount below one on
+its own: the driver's directory on the GPU machine is a file system of its own under /usr). The
 workload is bench/workloads/blocks.py under the shim; the hook runs on the host with the default
 settings (store /var/lib/criu-gpushare/store), as a node would have it.
 """
@@ -65,7 +67,7 @@ def gpu_container(tmp_path, criu_bin, torch_available):
         pytest.skip("runc is not installed (carry Debian's runc deb in .criu-debs/)")
     if HOOK is None:
         pytest.skip("criu-gpushare-hook is not on PATH (package not installed)")
-    from test_runc import Container
+    from test_runc import Container, host_binds
     from criu_gpushare.shimctl.shimlib import shim_path
 
     conf = tmp_path / "runc.conf"
@@ -79,8 +81,7 @@ def gpu_container(tmp_path, criu_bin, torch_available):
     binds = [str(REPO), str(ctl)] + [d for d in ("/opt",) if os.path.isdir(d)]
     for path in binds:
         (rootfs / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
-        config["mounts"].append({"destination": path, "type": "bind", "source": path,
-                                 "options": ["rbind", "rw" if path == str(ctl) else "ro"]})
+        config["mounts"] += host_binds(path, ro=path != str(ctl))
     devices = sorted(p for p in glob.glob("/dev/nvidia*") if not os.path.isdir(p))
     devices += sorted(glob.glob("/dev/nvidia-caps/*"))
     for dev in devices:
