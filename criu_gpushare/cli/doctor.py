@@ -198,8 +198,8 @@ def check_store():
         return Check("store", FAIL, "store settings module missing", "reinstall criu-gpushare")
     except Error as e:
         return Check("store", FAIL, str(e), "fix the configuration file or environment variable")
-    if "://" in store:  # an object store: reached only when used
-        return Check("store", PASS, f"{store} (an object store: not checked here)")
+    if "://" in store:
+        return _check_object_store(store)
     probe = os.path.abspath(store)
     while not os.path.isdir(probe):  # the store is created on first use: check where it would be
         probe = os.path.dirname(probe)
@@ -207,6 +207,19 @@ def check_store():
         return Check("store", FAIL, f"{store}: {probe} is not writable",
                      "set CRIU_GPUSHARE_STORE or the config file's store to a writable directory")
     return Check("store", PASS, store if probe == store else f"{store} (created on first use)")
+
+
+def _check_object_store(url):
+    from ..store.s3client import is_s3_url
+    if not is_s3_url(url):
+        return Check("store", FAIL, f"{url}: not a directory or an s3:// URL",
+                     "set CRIU_GPUSHARE_STORE or the config file's store to a directory or s3://BUCKET/PREFIX")
+    from ..store.s3store import S3Store
+    try:
+        return Check("store", PASS, S3Store.probe(url))
+    except Error as e:
+        return Check("store", FAIL, str(e), "check AWS_ENDPOINT_URL, the credentials (AWS_ACCESS_KEY_ID, "
+                     "AWS_SECRET_ACCESS_KEY or AWS_PROFILE) and that the bucket exists")
 
 
 def run_checks():

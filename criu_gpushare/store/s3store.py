@@ -59,6 +59,19 @@ class S3Store(ChunkStore):
             client.close()
             raise
 
+    @staticmethod
+    def probe(url):
+        """What `doctor` says of the store at URL: its bucket answers with these credentials, and
+        whether the store exists yet. Raises StoreError (naming what to fix) when it cannot."""
+        client = S3Client(url, streams=1)
+        try:
+            client.check_bucket()
+            if client.head(STORE_FILE) is None:
+                return f"{client.where()} at {client.endpoint} (bucket reachable; the store is created by the first dump)"
+            return f"{client.where()} at {client.endpoint} (reachable)"
+        finally:
+            client.close()
+
     def _check_or_write_store_file(self, create):
         from .store import check_store_doc
         try:

@@ -66,8 +66,27 @@ def test_the_shipped_criu_configurations_turn_link_remap_on():
     assert c.status == "pass" and "runc.conf" in c.detail and "default.conf" in c.detail
 
 
-def test_doctor_does_not_treat_an_object_store_as_a_directory(monkeypatch):
+def test_doctor_reaches_an_object_store_and_says_whether_it_exists_yet(s3_env, s3_store_url, monkeypatch):
     from criu_gpushare.cli.doctor import check_store
-    monkeypatch.setenv("CRIU_GPUSHARE_STORE", "s3://bucket/prefix")
+    from criu_gpushare.store import open_store
+    monkeypatch.setenv("CRIU_GPUSHARE_STORE", s3_store_url)
     c = check_store()
-    assert c.status == "pass" and "s3://bucket/prefix" in c.detail
+    assert c.status == "pass" and s3_store_url in c.detail and "created by the first dump" in c.detail, c
+    open_store(s3_store_url, create=True).close()
+    c = check_store()
+    assert c.status == "pass" and "(reachable)" in c.detail, c
+
+
+@pytest.mark.parametrize("problem", ["no bucket", "bad secret"])
+def test_doctor_names_what_is_wrong_with_an_object_store(s3_env, s3_store_url, monkeypatch, problem):
+    from criu_gpushare.cli.doctor import check_store
+    url = s3_store_url
+    if problem == "no bucket":
+        url = "s3://no-such-bucket-for-doctor/ckpt"
+    else:
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong-secret")
+    monkeypatch.setenv("CRIU_GPUSHARE_STORE", url)
+    c = check_store()
+    assert c.status == "fail", c
+    assert ("no such bucket" if problem == "no bucket" else "access denied") in c.detail, c
+    assert "AWS_ENDPOINT_URL" in c.fix and "wrong-secret" not in c.detail + c.fix
