@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def cases(py):
-    hook = "import sys; from criu_gpushare.hook.main import main; sys.exit(main())"  # its entry point
+    hook = "import sys; from criu_gpushare.hook.entry import main; sys.exit(main())"  # its entry point
     return {
         "python": ([py, "-c", "pass"], {}),
         "cli-help": ([py, "-m", "criu_gpushare.cli", "--help"], {}),
