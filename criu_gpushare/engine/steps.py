@@ -106,7 +106,8 @@ class Group:
         self.done = []            # steps begun, in order, for rollback and status
         self.freezer = Freezer()
         self.stats = CopyStats()
-        self.times = {}
+        self.times = {}           # seconds per step (and per stretch between them), in order
+        self.parts = {}           # step -> {part: seconds}: parts timed inside a step (phases())
         self.gpus = []
         self.manifest_id = None
         self.restore_tids = {}    # pid -> its driver restore thread, as a tid in its own namespace
@@ -289,7 +290,9 @@ class Group:
                                      meta={"pids": self.pids, "gpus": self.gpus})
             # Held before the ref exists: no `store rm` can slip in between (store/holds.py).
             store.hold(self.options.ref, self.options.hold_kind, pid=self.pids[0])
+            t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
+            self.parts["save"] = {"store commit (sync, manifest, ref)": time.monotonic() - t}
 
     def _progress(self, total, verb):
         """A line a second on long copies: bytes so far, rate, time left."""
@@ -481,10 +484,22 @@ class Group:
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
+    def phases(self):
+        """self.times as phases that never overlap (a step's timed parts taken out of it)."""
+        out = {}
+        for name, secs in self.times.items():
+            if name == "total":
+                continue
+            parts = self.parts.get(name, {})
+            out[name] = max(0.0, secs - sum(parts.values()))
+            out.update(parts)
+        return out
+
     def summary(self, what):
         s = self.stats
         return {"state": what, "pids": self.pids, "ref": self.options.ref,
                 "seconds": {k: round(v, 3) for k, v in self.times.items()},
+                "phases": {k: round(v, 3) for k, v in self.phases().items()},
                 "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
                           "zero": s.zero, "unchanged": s.unchanged},
                 "units": len(self.units), "attachments": len(self.attachments)}
