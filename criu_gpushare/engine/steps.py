@@ -87,6 +87,7 @@ class Options:
     hold_kind: str = "suspension"  # what holds the ref in the store ("dump" for a CRIU dump)
     cache: str = None              # the node cache, read before the store on the way back
     cache_limit: int = None
+    pin_ahead: bool = False        # the save's process loads next (a suspend's holder): CopyEngine
 
 
 class Group:
@@ -282,7 +283,8 @@ class Group:
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
                      for u in self.units]
-            with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total) as engine:
+            with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total,
+                            pin_ahead=self.options.pin_ahead) as engine:
                 for unit, (alloc, stats) in zip(self.units, engine.save_all(items)):
                     self.stats.add(stats)
                     processes.setdefault(unit.owner, []).append(alloc)

@@ -2,6 +2,7 @@
 asks the holder when it lives and otherwise finishes the work from the journal in this process.
 Each summary carries the phases timed where the work ran ("phases": discover and the steps; the
 store check, the steps and the release of the store's holds), for the command's own account."""
+import dataclasses
 import time
 
 from ..errors import GroupHeld, Interrupted, ProcessError
@@ -18,7 +19,7 @@ class SuspendWork(holder.Work):
     """Runs in the holder: suspend at start, then status or resume on request."""
 
     def __init__(self, journal, options):
-        self.journal, self.options = journal, options
+        self.journal, self.options = journal, dataclasses.replace(options, pin_ahead=True)  # it loads next
         self.key, self.pids = journal.key, journal.pids
         self.group = None
 
