@@ -72,7 +72,8 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     images = tmp_path / "images"
     r, wall = timed_cli(env["tool"], "dump", parent.pid, images, "--json")
     # where the time went, CRIU's part included, adds up to the whole command
-    assert_phases_cover(r, wall, "tool start", "criu start", "gpu out (pre-dump)",
+    assert_phases_cover(r, wall, "tool start", "criu start", "gpu out: plan, journal, record", "save",
+                        "store commit (sync, manifest, ref)", "checkpoint",
                         "criu dump (freeze, memory, images)", "store sync (post-dump)", "criu finish")
     parent.wait(10)
     reap([a.pid, b.pid])
@@ -85,7 +86,8 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     print(f"PROBE criu_image bytes={out['image_bytes']} gpu_bytes={out['bytes']['copied']}")
     r, wall = timed_cli(env["tool"], "restore", images, "--json")
     assert_phases_cover(r, wall, "tool start", "check (image, store, GPUs)",
-                        "criu restore (processes, host memory)", "gpu back (driver restore, load)")
+                        "criu restore (processes, host memory)", "gpu back: plan, journal",
+                        "restore", "load", "reopen")
     assert json.loads(r.stdout)["pid"] == parent.pid
     a.wait_ready()
     assert_back(env, a, b)
