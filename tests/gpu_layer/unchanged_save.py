@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 
 from criu_gpushare.errors import DriverError
 from criu_gpushare.gpu import driver as drv, memory
@@ -102,17 +103,17 @@ def main():
 
 
 def pinned_for_the_load(session, store, mem, size, chunk, alloc):
-    """A suspend of unchanged memory, then its resume, in one holder: buffers pinned by the save's
-    engine (in the background, after it) and by the load's (on its path)."""
+    """A suspend of unchanged memory, then its resume, in one holder: buffers pinned ahead (in the
+    background, after the save's engine) and on the load's path."""
     with memory._kept_lock:  # what earlier engines kept: none of it for this case
         for b in memory._kept:
             b.free()
         memory._kept.clear()
-    made = {"n": 0}
+    made = {"ahead": 0, "on the path": 0}
     real = memory.PinnedBuffer
 
     def counted(n):
-        made["n"] += 1
+        made["ahead" if threading.current_thread().name == "pin-ahead" else "on the path"] += 1
         return real(n)
 
     memory.PinnedBuffer = counted
@@ -120,10 +121,9 @@ def pinned_for_the_load(session, store, mem, size, chunk, alloc):
         with CopyEngine(session, ring_slots=3, chunk_size=chunk, workers=2, pin_ahead=True) as engine:
             engine._hashers[0] = CpuHasher()
             _, stats = engine.save("a", mem.ptr, size, 0)
-        by_save = made["n"]
         with CopyEngine(store, ring_slots=3, chunk_size=chunk, workers=2) as engine:
             engine.load(alloc, mem.ptr, 0)
-        return {"copied": stats.copied, "by_save": by_save, "by_load": made["n"] - by_save}
+        return {"copied": stats.copied, "by_save": made["ahead"], "by_load": made["on the path"]}
     finally:
         memory.PinnedBuffer = real
 
