@@ -93,6 +93,44 @@ def format_table(rows, title=""):
     return "\n".join(lines)
 
 
+def device_shares(rows, rates):
+    """Each row's GB/s as a share of its store device's own rate measured in the same run (out
+    against the device's write rate, back against its read rate): lines for the table, and the
+    shares in row.extra (out_pct_of_device, back_pct_of_device) for the JSON."""
+    lines = []
+    for r in rows:
+        rate = rates.get(r.store) or {}
+        if "write_gbps" not in rate or not (r.out_s or r.back_s):
+            continue
+        parts = []
+        for way, secs, own in (("out", r.out_s, rate["write_gbps"]), ("back", r.back_s, rate["read_gbps"])):
+            gbps = r.gbps(secs)
+            if gbps is None or not own:
+                continue
+            pct = 100 * gbps / own
+            r.extra[f"{way}_pct_of_device"] = round(pct, 1)
+            parts.append(f"{way} {gbps:.2f} GB/s = {pct:.0f}% of its {'write' if way == 'out' else 'read'} "
+                         f"{own:.2f}")
+        if parts:
+            lines.append(f"  {r.workload}/{r.path}/{r.store}: " + "; ".join(parts))
+    if lines:
+        lines.insert(0, "against the store device's own rate (same run, "
+                        + ("O_DIRECT" if all(v.get("direct") for v in rates.values() if "direct" in v)
+                           else "O_DIRECT where allowed") + "):")
+    return "\n".join(lines)
+
+
+def drop_page_cache():
+    """Write back and drop the page cache (a restore from a cold cache): None, or why not."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+    except OSError as e:
+        return f"cannot drop the page cache ({e.strerror}; needs root)"
+    return None
+
+
 def write_json(path, meta, rows):
     rat = ratios(rows)
     doc = {"meta": meta, "rows": []}
@@ -187,8 +225,9 @@ def run_tool(args, env, timeout, argv=None):
     return ToolResult(rc, wall, summary, err)
 
 
-def tool_cycle(row, wl, out_args, back_args, env, timeout):
-    """Out then back through the tool, then check the contents; fills row. False when it failed."""
+def tool_cycle(row, wl, out_args, back_args, env, timeout, between=None):
+    """Out then back through the tool, then check the contents; fills row. False when it failed.
+    between(): run after out, before back (e.g. drop_page_cache); a string it returns fails the row."""
     out = run_tool(out_args, env, timeout)
     row.out_wall_s, row.out_s = out.wall_s, out.seconds()
     row.out_phases = out.phases() if out.ok else {}
@@ -199,6 +238,10 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout):
         return False
     if out_args[0] == "dump":
         wl.reap()  # CRIU ended the tree: its pids must be free for the restore
+    why = between() if between else None
+    if why:
+        row.status = f"not run: {why}"
+        return False
     back = run_tool(back_args, env, timeout)
     row.back_wall_s, row.back_s = back.wall_s, back.seconds()
     row.back_phases = back.phases() if back.ok else {}

@@ -22,10 +22,14 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
              "fails" and the workload is killed (SIGKILL: a process stuck CHECKPOINTED only dies so)
   criu       with --criu: `criu-gpushare dump PID DIR --store S`, `criu-gpushare restore DIR
              --store S`; "not available" when the tool has no such command
+  criu-cold  with --criu, disk store only: the same, the page cache dropped (sync, drop_caches;
+             root) between the dump and the restore, so the restore reads the device
 Stores: tmpfs (--tmpfs, /dev/shm) and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the
-repository); the disk's own O_DIRECT write/read rate is measured in the same run. With --s3, also
-an s3:// store on a SeaweedFS server this run starts on 127.0.0.1 (tests/s3server.py; `weed` on
-PATH or next to this Python, boto3 installed), its data under --disk (whose own rate bounds it). GB/s is 10^9
+repository); the disk's own O_DIRECT write/read rate is measured in the same run, and each row's
+GB/s is printed as a share of it (out against its write rate, back against its read rate). With
+--s3, also an s3:// store on a SeaweedFS server this run starts on 127.0.0.1 (tests/s3server.py;
+`weed` on PATH or next to this Python, boto3 installed), its data under --disk (whose own rate
+bounds it). GB/s is 10^9
 bytes of workload data per second of the path (the tool: the sum of the phases its --json reports;
 the command's wall time, start-up included, is in the phases list). "x drv" = the driver path's
 seconds / the row's seconds. Driver checkpoint calls are only ever made from one process at a time:
@@ -189,28 +193,39 @@ class Bench:
                 raise RuntimeError("a driver call did not return: stopping (no further driver calls)")
             if a.criu:
                 for target, tdir in self.targets:
-                    row = Row(name, "criu", target, wl.bytes)
-                    if not (self.has_command("dump") and self.has_command("restore")):
-                        row.status = "not available: criu-gpushare has no dump/restore command"
-                        self.add(row)
-                        continue
-                    wl = self.ensure(wl, name, spec)
-                    row.bytes = wl.bytes
-                    store = self.fresh_store(tdir, f"store-{name}")
-                    images = os.path.join(tdir if target != "s3" else self.targets[0][1], f"images-{name}")
-                    shutil.rmtree(images, ignore_errors=True)
-                    os.makedirs(images)
-                    if not bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
-                                         ["restore", images, "--store", store], self.env, a.call_timeout):
-                        wl.kill()
-                    self.add(row)
-                    self.drop_store(store)
-                    shutil.rmtree(images, ignore_errors=True)
+                    wl = self.criu_row(wl, name, spec, target, tdir, "criu")
+                    if target == "disk":  # the restore reading the store from the device, not memory
+                        wl = self.criu_row(wl, name, spec, target, tdir, "criu-cold")
         except bl.WorkloadError as e:
             self.add(Row(name, "-", "-", wl.bytes if wl and wl.info else 0, status=f"error: {e}"[:300]))
         finally:
             if wl is not None:
                 wl.kill()
+
+    def criu_row(self, wl, name, spec, target, tdir, path):
+        """dump then restore through CRIU; criu-cold drops the page cache in between. -> workload."""
+        row = Row(name, path, target, wl.bytes)
+        if not (self.has_command("dump") and self.has_command("restore")):
+            row.status = "not available: criu-gpushare has no dump/restore command"
+        elif path == "criu-cold" and os.geteuid() != 0:
+            row.status = "not run: dropping the page cache needs root"
+        if row.status != "ok":
+            self.add(row)
+            return wl
+        wl = self.ensure(wl, name, spec)
+        row.bytes = wl.bytes
+        store = self.fresh_store(tdir, f"store-{name}")
+        images = os.path.join(tdir if target != "s3" else self.targets[0][1], f"images-{name}")
+        shutil.rmtree(images, ignore_errors=True)
+        os.makedirs(images)
+        if not bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
+                             ["restore", images, "--store", store], self.env, self.args.call_timeout,
+                             between=bl.drop_page_cache if path == "criu-cold" else None):
+            wl.kill()
+        self.add(row)
+        self.drop_store(store)
+        shutil.rmtree(images, ignore_errors=True)
+        return wl
 
     def close(self):
         for wl in self.live:
@@ -299,6 +314,10 @@ def _self_test(args, env):
     missing = bl.run_tool(["no-such-command-for-selftest"], env, 120)
     assert not missing.ok and missing.rc != 0, missing
     print(bl.format_table(rows, "self-test (made-up figures)"))
+    shares = bl.device_shares(rows, {"tmpfs": {"write_gbps": 8.0, "read_gbps": 16.0, "direct": True}})
+    print(shares)
+    assert "single/tool/tmpfs: out 4.00 GB/s = 50% of its write 8.00" in shares, shares
+    assert rows[0].extra["back_pct_of_device"] == 50.0, rows[0].extra
     doc = bl.write_json(args.json_out, {"self_test": True, "missing_command": missing.why()}, rows)
     rat = bl.ratios(rows)
     assert abs(rat[("single", "tool", "tmpfs")][0] - 4.0) < 1e-9, rat
@@ -337,6 +356,7 @@ def main(argv=None):
              + "\n".join(f"  {n}: {specs[n][2]}" for n in names) + "\n" + rates_text(rates))
     print()
     print(bl.format_table(bench.rows, title))
+    print(bl.device_shares(bench.rows, rates))
     meta = {"scale": args.scale, "workloads": {n: specs[n][2] for n in names}, "store_rates": rates,
             "targets": dict(bench.targets), "total_s": round(total, 1), "versions": bl.versions(),
             "argv": sys.argv[1:]}

@@ -25,29 +25,53 @@ class _Main(click.Group):
         sys.exit(e.exit_code)
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+# name -> (module of this package, its click command, the line `--help` lists). Each command's
+# module is imported only when that command runs: the engine, the store and CRIU's bindings cost
+# start-up time that `status` or `--help` need not pay. tests/cli/test_startup.py pins each line to
+# the command's own help.
+COMMANDS = {
+    "doctor": ("doctor", "doctor",
+               "Check that this machine can checkpoint GPU processes, and say how to fix what fails."),
+    "dump": ("checkpoint", "dump",
+             "Checkpoint the process tree of PID into DIR with CRIU, its GPU memory into the store."),
+    "restore": ("checkpoint", "restore",
+                "Restore the tree dumped into DIR, GPU state included; print the restored root pid."),
+    "resume": ("suspend", "resume", "Bring back processes suspended by `criu-gpushare suspend` (any pid "
+               "of the group will do)."),
+    "run": ("run", "run", "Run COMMAND with the shim preloaded; its exit code is passed through."),
+    "shim-path": ("run", "shim_path", "Print the path of the shim library (for LD_PRELOAD)."),
+    "status": ("status", "status",
+               "Show what the shim tracks in process PID (all shim processes if PID is left out)."),
+    "store": ("store", "store", "Inspect and maintain the chunk store that holds checkpointed GPU memory."),
+    "suspend": ("suspend", "suspend", "Free every GPU byte of the processes PIDS (which may share GPU "
+                "memory), keeping them alive."),
+}
+
+
+class _Lazy(_Main):
+    def list_commands(self, ctx):
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx, name):
+        if name not in self.commands and name in COMMANDS:
+            import importlib
+            module, attr, _ = COMMANDS[name]
+            self.add_command(getattr(importlib.import_module(f".{module}", __name__), attr), name)
+        return self.commands.get(name)
+
+    def format_commands(self, ctx, formatter):
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))  # as click's own listing
+        rows = []
+        for name in names:
+            loaded = self.commands.get(name)
+            rows.append((name, loaded.get_short_help_str(limit) if loaded is not None
+                         else click.utils.make_default_short_help(COMMANDS[name][2], limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=_Lazy, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="criu-gpushare")
 def main():
     """Checkpoint and restore NVIDIA GPU processes, including groups that share GPU memory."""
-
-
-def _register():
-    from . import checkpoint, doctor, run, suspend
-
-    for cmd in (doctor.doctor, run.run, run.shim_path, suspend.suspend, suspend.resume,
-                checkpoint.dump, checkpoint.restore):
-        main.add_command(cmd)
-    import importlib
-
-    # Commands whose modules land one by one; each module defines a click command of its name.
-    for name in ("store", "status"):
-        try:
-            module = importlib.import_module(f".{name}", __name__)
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            continue
-        main.add_command(getattr(module, name))
-
-
-_register()

@@ -90,7 +90,7 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
         if action == "pre-dump":
             clock.mark("criu start")
             state["gpu"] = job.begin()
-            clock.mark("gpu out (pre-dump)")
+            clock.absorb(job.group.phases() if state["gpu"] else {}, "gpu out: plan, journal, record")
         elif action == "post-dump":
             if interrupt.requested():  # CRIU then fails the dump and lets the tree run on
                 raise Cancelled(f"dump of {pid} cancelled by an interrupt at CRIU's post-dump: the tree "
@@ -162,7 +162,7 @@ def restore(images_dir, store, gpu_map, as_json, **kwargs):
             summary.update(restore_engine.run(rec, root, store, mapping, settings.verify, report=_say,
                                               cache=settings.cache, cache_limit=settings.cache_limit))
             summary["pid"] = root
-            clock.mark("gpu back (driver restore, load)")
+            clock.absorb(summary.get("phases", {}), "gpu back: plan, journal")
     summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
     _print(summary, as_json, f"restored {images_dir}: root pid {root}")
     if not as_json:

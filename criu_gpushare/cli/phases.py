@@ -3,18 +3,23 @@
 A phase ends at each mark(); time between marks that belongs to no named phase is still counted,
 under the name the mark gives it, so the sum is always the command's wall time from the clock's
 start. CRIU's own account of its part (stats-dump / stats-restore) comes beside it ("criu_stats").
+Work done in another process (the holder's steps) is absorbed: its own timings become phases, and
+what is left of that stretch (starting or asking it, its reply) one more.
 """
+import os
 import time
 
 
 class PhaseClock:
     def __init__(self):
         self.start = self._last = time.monotonic()
-        # The interpreter's start and the imports, before this clock existed, are the first phase.
+        # The interpreter's start and the imports, before this clock existed, are the first phase:
+        # the process's start time (clock ticks since boot) against the boot clock, read now.
         try:
-            import psutil
-            started = max(0.0, time.time() - psutil.Process().create_time())
-        except Exception:  # noqa: BLE001 - timing only: never fail a command over it
+            with open("/proc/self/stat") as f:
+                ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            started = max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
+        except (OSError, ValueError, IndexError):  # timing only: never fail a command over it
             started = 0.0
         self.start -= started
         self.phases = {"tool start": started}
@@ -23,6 +28,16 @@ class PhaseClock:
         """The time since the last mark is phase `name` (added to it if it ran before)."""
         now = time.monotonic()
         self.phases[name] = self.phases.get(name, 0.0) + now - self._last
+        self._last = now
+
+    def absorb(self, inner, rest):
+        """The time since the last mark, cut into `inner` ({name: seconds}, timed by another process
+        within that stretch; "total" ignored) and `rest`, what is left of it."""
+        now = time.monotonic()
+        inner = {k: v for k, v in inner.items() if k != "total"}
+        for name, secs in inner.items():
+            self.phases[name] = self.phases.get(name, 0.0) + secs
+        self.phases[rest] = self.phases.get(rest, 0.0) + max(0.0, now - self._last - sum(inner.values()))
         self._last = now
 
     def result(self):

@@ -12,6 +12,7 @@ from ..engine.steps import Options, format_summary
 from ..errors import Interrupted, ProcessError
 from ..gpu import devices
 from ..shimctl.processes import process_tree, uses_cuda
+from .phases import PhaseClock, format_phases
 
 MAX_TIMEOUT_S = 24 * 3600
 
@@ -25,12 +26,16 @@ def _pids(pids, tree):
     return sorted(set(out))
 
 
-def _finish(final, as_json, too_late=None):
+def _finish(final, as_json, clock, too_late=None):
     """too_late: what to say when the work succeeded after a Ctrl-C asked to cancel it."""
+    if final["ok"]:  # the phases the holder (or the journal's recovery) timed, within the command's
+        clock.absorb(final["result"].get("phases", {}), "holder or journal (start, ask, reply)")
+        final["result"]["phases"] = clock.result()
     if as_json:
         click.echo(json.dumps(final["result"] if final["ok"] else final, indent=2))
     elif final["ok"]:
         click.echo(format_summary(final["result"]))
+        click.echo(format_phases(final["result"]["phases"]))
     if final["ok"] and final.get("interrupted") and too_late:
         raise Interrupted(too_late)
     holder.finish(final)
@@ -64,6 +69,7 @@ def suspend(pids, tree, store, timeout_s, as_json):
     Their GPU memory goes to the chunk store; `criu-gpushare resume` brings it back at the same
     addresses. On failure the workload runs on as before and the failed step is named.
     """
+    clock = PhaseClock()
     pids = _pids(pids, tree)
     if not any(uses_cuda(pid) for pid in pids):
         raise ProcessError(", ".join(map(str, pids)), "does not use CUDA: nothing to suspend")
@@ -74,9 +80,10 @@ def suspend(pids, tree, store, timeout_s, as_json):
                                 cache_limit=settings.cache_limit)
     options = Options(store=settings.store, timeout_s=timeout_s, ref=ref, verify=settings.verify,
                       cache=settings.cache, cache_limit=settings.cache_limit)
+    clock.mark("check (pids, settings, journal)")
     final = holder.start(suspension.SuspendWork(journal, options),
                          on_progress=lambda m: click.echo(m, err=True), cancellable=True)
-    _finish(final, as_json, too_late="the interrupt came once the suspend was done: the group stays "
+    _finish(final, as_json, clock, too_late="the interrupt came once the suspend was done: the group stays "
             f"suspended; `criu-gpushare resume {pids[0]}` brings it back")
 
 
@@ -91,6 +98,7 @@ def resume(pids, gpu_map, as_json):
     If the process that held the group is gone (killed, crashed), the group is resumed from its
     journal and the chunk store by this command.
     """
+    clock = PhaseClock()
     mapping = parse_gpu_map(gpu_map)
     journals = {}
     for pid in pids:
@@ -102,5 +110,6 @@ def resume(pids, gpu_map, as_json):
         raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
     verify = load_settings({}).verify
     (journal,) = journals.values()
+    clock.mark("check (pids, journal)")
     final = suspension.resume(journal, mapping, report=lambda m: click.echo(m, err=True), verify=verify)
-    _finish(final, as_json)
+    _finish(final, as_json, clock)

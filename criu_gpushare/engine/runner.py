@@ -111,7 +111,7 @@ class Runner:
     def undo(self, verb="resume"):
         """Bring the group back from whatever was begun; ResumeFailed leaves it resumable."""
         g = self.group
-        g.times, g.stats = {}, CopyStats()
+        g.times, g.parts, g.stats = {}, {}, CopyStats()
         t0 = time.monotonic()
         g.drop_dead()
         for done_step, step in UNDO:

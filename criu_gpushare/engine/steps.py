@@ -87,6 +87,7 @@ class Options:
     hold_kind: str = "suspension"  # what holds the ref in the store ("dump" for a CRIU dump)
     cache: str = None              # the node cache, read before the store on the way back
     cache_limit: int = None
+    pin_ahead: bool = False        # the save's process loads next (a suspend's holder): CopyEngine
 
 
 class Group:
@@ -106,7 +107,8 @@ class Group:
         self.done = []            # steps begun, in order, for rollback and status
         self.freezer = Freezer()
         self.stats = CopyStats()
-        self.times = {}
+        self.times = {}           # seconds per step (and per stretch between them), in order
+        self.parts = {}           # step -> {part: seconds}: parts timed inside a step (phases())
         self.gpus = []
         self.manifest_id = None
         self.restore_tids = {}    # pid -> its driver restore thread, as a tid in its own namespace
@@ -281,7 +283,8 @@ class Group:
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
                      for u in self.units]
-            with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total) as engine:
+            with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total,
+                            pin_ahead=self.options.pin_ahead) as engine:
                 for unit, (alloc, stats) in zip(self.units, engine.save_all(items)):
                     self.stats.add(stats)
                     processes.setdefault(unit.owner, []).append(alloc)
@@ -289,7 +292,9 @@ class Group:
                                      meta={"pids": self.pids, "gpus": self.gpus})
             # Held before the ref exists: no `store rm` can slip in between (store/holds.py).
             store.hold(self.options.ref, self.options.hold_kind, pid=self.pids[0])
+            t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
+            self.parts["save"] = {"store commit (sync, manifest, ref)": time.monotonic() - t}
 
     def _progress(self, total, verb):
         """A line a second on long copies: bytes so far, rate, time left."""
@@ -481,10 +486,22 @@ class Group:
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
+    def phases(self):
+        """self.times as phases that never overlap (a step's timed parts taken out of it)."""
+        out = {}
+        for name, secs in self.times.items():
+            if name == "total":
+                continue
+            parts = self.parts.get(name, {})
+            out[name] = max(0.0, secs - sum(parts.values()))
+            out.update(parts)
+        return out
+
     def summary(self, what):
         s = self.stats
         return {"state": what, "pids": self.pids, "ref": self.options.ref,
                 "seconds": {k: round(v, 3) for k, v in self.times.items()},
+                "phases": {k: round(v, 3) for k, v in self.phases().items()},
                 "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
                           "zero": s.zero, "unchanged": s.unchanged},
                 "units": len(self.units), "attachments": len(self.attachments)}

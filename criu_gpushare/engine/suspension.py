@@ -1,5 +1,9 @@
 """Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and `resume`, which
-asks the holder when it lives and otherwise finishes the work from the journal in this process."""
+asks the holder when it lives and otherwise finishes the work from the journal in this process.
+Each summary carries the phases timed where the work ran ("phases": discover and the steps; the
+store check, the steps and the release of the store's holds), for the command's own account."""
+import dataclasses
+import time
 
 from ..errors import GroupHeld, Interrupted, ProcessError
 from . import cancel, holder, journal as jn
@@ -15,15 +19,17 @@ class SuspendWork(holder.Work):
     """Runs in the holder: suspend at start, then status or resume on request."""
 
     def __init__(self, journal, options):
-        self.journal, self.options = journal, options
+        self.journal, self.options = journal, dataclasses.replace(options, pin_ahead=True)  # it loads next
         self.key, self.pids = journal.key, journal.pids
         self.group = None
 
     def begin(self, report):
         self.journal.adopt()
         try:
+            t = time.monotonic()
             self.group = Group(self.pids, self.options, report)
             self.group.discover()
+            self.group.times["discover"] = time.monotonic() - t
             if not self.group.has_gpu_state:
                 raise NothingToSuspend(", ".join(map(str, self.pids)), "has no CUDA state: nothing "
                                        "to suspend (nothing was changed)")
@@ -49,7 +55,9 @@ class SuspendWork(holder.Work):
 
 
 def resume_group(group, journal, verb="resume"):
+    t = time.monotonic()
     group.check_loadable()  # a store that lost a chunk changes nothing
+    checked = time.monotonic() - t
     before = journal.state  # suspended, or held (a rollback that failed): what a failure leaves
     journal.set(state=jn.RESUMING)
     try:
@@ -57,7 +65,9 @@ def resume_group(group, journal, verb="resume"):
     except BaseException as e:
         journal.set(state=before if before != jn.RESUMING else jn.SUSPENDED, error=str(e))
         raise
+    t = time.monotonic()
     group.release_holds()
+    group.times = {"check (store)": checked, **group.times, "release holds": time.monotonic() - t}
     journal.close()
     return group.summary("resumed")
 

@@ -92,10 +92,32 @@ class PinnedBuffer:
 # with is kept here for the next one in this process instead; the process's exit frees it.
 _kept = []
 _kept_lock = threading.Lock()
+_pinning = []  # pin_ahead threads not yet joined
+
+
+def pin_ahead(size, count, device):
+    """Pin what the next take_pinned(size, count) of this process lacks, in a thread, now: for a
+    holder whose save copied nothing (so kept no ring) and that waits for the resume's load. Best
+    effort: a failure leaves the load to pin its own."""
+    def pin():
+        try:
+            use_device(device)
+            with _kept_lock:
+                have = sum(1 for b in _kept if b.size == size)
+            keep_pinned([PinnedBuffer(size) for _ in range(count - have)])
+        except Exception as e:  # noqa: BLE001 - an optimisation only
+            print(f"pinning the ring ahead of the load failed: {e}", flush=True)
+
+    thread = threading.Thread(target=pin, name="pin-ahead", daemon=True)
+    _pinning.append(thread)
+    thread.start()
 
 
 def take_pinned(size, count):
-    """count PinnedBuffers of size bytes: kept ones first, new ones for the rest."""
+    """count PinnedBuffers of size bytes: kept ones first (after any pin_ahead ends), new ones for
+    the rest."""
+    while _pinning:
+        _pinning.pop().join()
     with _kept_lock:
         reuse = [b for b in _kept if b.size == size][:count]
         for b in reuse:

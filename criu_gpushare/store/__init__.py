@@ -10,19 +10,32 @@ The format is store/FORMAT.md. Entry points:
   store.hold(ref, kind, pid) -> Hold / store.holds(ref) -> [HoldInfo]   keep a ref from rm
   collect_garbage, verify_store, disk_usage, prefetch  the maintenance commands
 """
-from .backend import open_from_settings, open_store
-from .cache import NodeCache
-from .chunkdir import ChunkDamaged, ChunkMissing
-from .du import disk_usage
-from .gc import DEFAULT_GRACE_S, collect_garbage
-from .holds import Hold, HoldInfo, RefHeld
-from .layout import CHUNK_SIZE_MAX, STORE_VERSION, chunk_id
-from .leases import WriteSession
-from .manifest import MANIFEST_VERSION, Allocation, ChunkRef, Manifest, ProcessEntry
+# The package's names are imported from their modules when first used, not here: the engine needs
+# a few of them, and every command's start would otherwise pay for gc, verify, du, holds and the
+# node cache. prefetch is imported at once: its module has the same name, and whichever a later
+# `import criu_gpushare.store.prefetch` left here would win otherwise.
 from .prefetch import prefetch
-from .results import PutResult, PutStatus, Source
-from .store import Store
-from .verify import Problem, check_chunks, check_present, verify_store
+
+_WHERE = {
+    "open_from_settings": "backend", "open_store": "backend", "NodeCache": "cache",
+    "ChunkDamaged": "chunkdir", "ChunkMissing": "chunkdir", "disk_usage": "du",
+    "DEFAULT_GRACE_S": "gc", "collect_garbage": "gc", "Hold": "holds", "HoldInfo": "holds",
+    "RefHeld": "holds", "CHUNK_SIZE_MAX": "layout", "STORE_VERSION": "layout", "chunk_id": "layout",
+    "WriteSession": "leases", "MANIFEST_VERSION": "manifest", "Allocation": "manifest",
+    "ChunkRef": "manifest", "Manifest": "manifest", "ProcessEntry": "manifest",
+    "PutResult": "results", "PutStatus": "results", "Source": "results", "Store": "store",
+    "Problem": "verify", "check_chunks": "verify", "check_present": "verify", "verify_store": "verify",
+}
+
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Allocation", "CHUNK_SIZE_MAX", "ChunkDamaged", "ChunkMissing", "ChunkRef", "DEFAULT_GRACE_S",

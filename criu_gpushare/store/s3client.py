@@ -15,7 +15,6 @@ import concurrent.futures
 import re
 import threading
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 
 from ..errors import StoreError
 
@@ -311,6 +310,7 @@ def _all(pool, fn, items):
 
 def _ns(when):
     if isinstance(when, str):
+        from email.utils import parsedate_to_datetime  # only S3 stores need it: not at start-up
         when = parsedate_to_datetime(when)
     return int(when.timestamp()) * 10**9 + when.microsecond * 1000
 

@@ -44,6 +44,15 @@ def test_ratios_and_table_with_a_failed_driver_restore():
     assert rows[0].gbps(rows[0].out_s) == 2.0
 
 
+def test_rows_are_set_against_the_store_device_s_own_rate():
+    rows = [bl.Row("single", "criu", "disk", 4 * 10**9, out_s=2.0, back_s=4.0, check="ok"),
+            bl.Row("single", "driver", "-", 4 * 10**9, out_s=8.0, back_s=8.0, check="ok")]
+    text = bl.device_shares(rows, {"disk": {"write_gbps": 2.5, "read_gbps": 2.0, "direct": True}})
+    assert "single/criu/disk: out 2.00 GB/s = 80% of its write 2.50; back 1.00 GB/s = 50% of its read 2.00" in text
+    assert rows[0].extra == {"out_pct_of_device": 80.0, "back_pct_of_device": 50.0}
+    assert "driver" not in text  # no store device behind it
+
+
 def test_a_tool_call_that_overruns_is_bounded():
     res = bl.run_tool([], os.environ.copy(), 0.5, argv=[sys.executable, "-c", "import time; time.sleep(30)"])
     assert res.rc == 124 and not res.ok and res.why().startswith("timed out")

@@ -46,3 +46,12 @@ def test_switched_off_by_the_environment(fake_env, tmp_path):
         assert fingerprint.GpuHasher.create(0) is None  # off: the driver is not even asked
     finally:
         del os.environ[fingerprint.ENV_SWITCH]
+
+
+def test_a_save_that_copied_nothing_leaves_the_load_a_pinned_ring(fake_env, tmp_path):
+    """A warm resume is never slower than a cold one: after a save of unchanged memory (no ring
+    pinned), the holder pins the load's ring in the background, as a save that copied keeps its
+    own; the load pins nothing on its path."""
+    out = run(fake_env, tmp_path / "store")["pin_ahead"]
+    assert out["copied"] == 0
+    assert out["by_load"] == 0 and out["by_save"] == 3, out

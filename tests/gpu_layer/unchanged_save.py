@@ -6,16 +6,18 @@ The fake driver runs no kernels, so the copy engine finds no GpuHasher there (ch
 program then gives the engine a stand-in hasher that computes the same ids on the CPU (reading the
 memory back), to exercise the save path around it: a second save of unchanged memory copies
 nothing, counts it `unchanged` and refreshes the chunks' mtimes; a chunk removed from the store, or
-rewritten on the device, crosses the link again; a hasher that lies makes the save fail. Prints
-one JSON line.
+rewritten on the device, crosses the link again; a hasher that lies makes the save fail; a save
+that copied nothing in a process that loads next (pin_ahead) leaves the load a ring already pinned.
+Prints one JSON line.
 """
 import ctypes
 import json
 import os
 import sys
+import threading
 
 from criu_gpushare.errors import DriverError
-from criu_gpushare.gpu import driver as drv
+from criu_gpushare.gpu import driver as drv, memory
 from criu_gpushare.gpu.copy_engine import CopyEngine
 from criu_gpushare.gpu.memory import ImportedAllocation, use_device
 from criu_gpushare.store.layout import chunk_id
@@ -96,7 +98,34 @@ def main():
             except DriverError as e:
                 out["lie"] = str(e)
         out["hasher_calls"] = hasher.calls
+        out["pin_ahead"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3)
     json.dump(out, sys.stdout)
+
+
+def pinned_for_the_load(session, store, mem, size, chunk, alloc):
+    """A suspend of unchanged memory, then its resume, in one holder: buffers pinned ahead (in the
+    background, after the save's engine) and on the load's path."""
+    with memory._kept_lock:  # what earlier engines kept: none of it for this case
+        for b in memory._kept:
+            b.free()
+        memory._kept.clear()
+    made = {"ahead": 0, "on the path": 0}
+    real = memory.PinnedBuffer
+
+    def counted(n):
+        made["ahead" if threading.current_thread().name == "pin-ahead" else "on the path"] += 1
+        return real(n)
+
+    memory.PinnedBuffer = counted
+    try:
+        with CopyEngine(session, ring_slots=3, chunk_size=chunk, workers=2, pin_ahead=True) as engine:
+            engine._hashers[0] = CpuHasher()
+            _, stats = engine.save("a", mem.ptr, size, 0)
+        with CopyEngine(store, ring_slots=3, chunk_size=chunk, workers=2) as engine:
+            engine.load(alloc, mem.ptr, 0)
+        return {"copied": stats.copied, "by_save": made["ahead"], "by_load": made["on the path"]}
+    finally:
+        memory.PinnedBuffer = real
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-HOOK = [sys.executable, "-m", "criu_gpushare.hook.main"]
+HOOK = [sys.executable, "-m", "criu_gpushare.hook.entry"]  # what the installed command runs
 
 
 def run_hook(action, **env):
@@ -21,6 +21,17 @@ def run_hook(action, **env):
 def test_actions_it_does_not_use_let_criu_proceed(action):
     r = run_hook(action)
     assert r.returncode == 0, r.stderr
+
+
+def test_an_action_it_does_not_use_imports_nothing_of_the_engine():
+    """CRIU starts the hook for every action: those it ignores pay for the interpreter only, not
+    for the engine, the store or CRIU's bindings (bench/startup_bench.py measures it)."""
+    probe = ("import os, sys; os.environ['CRTOOLS_SCRIPT_ACTION'] = 'network-lock'; "
+             "from criu_gpushare.hook.entry import main; rc = main(); "
+             "print(rc, sorted(m for m in sys.modules if m.startswith('criu_gpushare.')))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split(" ", 1) == ["0", "['criu_gpushare.hook', 'criu_gpushare.hook.entry']\n"]
 
 
 @pytest.mark.parametrize("action", ["post-dump", "post-restore", "post-resume"])
@@ -60,9 +71,11 @@ def test_pre_dump_without_init_pid_fails_clearly():
 def test_the_contract_lists_the_actions_in_criu_order():
     """hooks/README.md has one row per action the hook uses, in CRIU's order (as CRIU 4.2.1 runs
     them: tests/criu/test_rpc.py pins that order), and the dispatch table is the same list."""
+    from criu_gpushare.hook.entry import USED
     from criu_gpushare.hook.main import ACTIONS
     criu_order = ["pre-dump", "post-dump", "pre-restore", "post-restore", "post-resume"]
     assert list(ACTIONS) == criu_order
+    assert USED == set(ACTIONS), "the entry point would skip an action the hook uses"
     readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "hooks", "README.md")).read()
     rows = [line.split("|")[1].strip().strip("`") for line in readme.splitlines()
             if line.startswith("| `")]

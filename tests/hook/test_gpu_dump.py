@@ -16,6 +16,7 @@ from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
 from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
 from interrupts import interrupt, paused_env
+from phasecheck import assert_phases_cover, timed_cli
 from criu_gpushare.engine.record import RECORD_NAME
 
 HOOK = shutil.which("criu-gpushare-hook")
@@ -68,15 +69,25 @@ def assert_back(env, a, b, value=42):
 
 def test_wrapper_dump_then_restore(env, tree, tmp_path):
     parent, a, b = tree
-    images, out = dumped(env, tree, tmp_path)
+    images = tmp_path / "images"
+    r, wall = timed_cli(env["tool"], "dump", parent.pid, images, "--json")
+    # where the time went, CRIU's part included, adds up to the whole command
+    assert_phases_cover(r, wall, "tool start", "criu start", "gpu out: plan, journal, record", "save",
+                        "store commit (sync, manifest, ref)", "checkpoint",
+                        "criu dump (freeze, memory, images)", "store sync (post-dump)", "criu finish")
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    out = json.loads(r.stdout)
     assert out["gpu_state"] and out["bytes"]["copied"] >= 4 << 20
     record = json.loads((images / RECORD_NAME).read_text())
     assert record["ref"] == out["ref"] and record["gpu_state"]
     from criu_gpushare.criu import images as criu_images
     assert criu_images.device_files(str(images)) == []  # no /dev/nvidia* fd in the image
     print(f"PROBE criu_image bytes={out['image_bytes']} gpu_bytes={out['bytes']['copied']}")
-    r = cli(env, "restore", images, "--json")
-    assert r.returncode == 0, r.stderr
+    r, wall = timed_cli(env["tool"], "restore", images, "--json")
+    assert_phases_cover(r, wall, "tool start", "check (image, store, GPUs)",
+                        "criu restore (processes, host memory)", "gpu back: plan, journal",
+                        "restore", "load", "reopen")
     assert json.loads(r.stdout)["pid"] == parent.pid
     a.wait_ready()
     assert_back(env, a, b)

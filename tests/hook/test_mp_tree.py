@@ -81,14 +81,14 @@ def test_the_wrapper_dumps_a_multiprocessing_tree_with_link_remap_by_default(env
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["gpu_state"]
-    assert_phases_add_up(out, "criu dump (freeze, memory, images)", "gpu out (pre-dump)")
+    assert_phases_add_up(out, "criu dump (freeze, memory, images)", "gpu out: plan, journal, record", "save")
     assert out["criu_stats"]["frozen"] > 0 and out["criu_stats"]["pages_written"] > 0
     proc.wait(10)
     reap_all()
     r = cli(env, "restore", images, "--json")
     assert r.returncode == 0, r.stderr
     back = json.loads(r.stdout)
-    assert_phases_add_up(back, "criu restore (processes, host memory)", "gpu back (driver restore, load)")
+    assert_phases_add_up(back, "criu restore (processes, host memory)", "gpu back: plan, journal", "load")
     assert back["criu_stats"]["restore"] > 0
     assert_back(client)
     assert remaps() == before, "CRIU's link_remap files are left behind"

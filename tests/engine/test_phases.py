@@ -1,0 +1,25 @@
+"""`suspend` and `resume` say where their time went: `--json` "phases" (and a `phases:` line) that
+add up to the whole command, the holder's steps included (tests/hook/test_gpu_dump.py checks
+`dump` and `restore`)."""
+from lctest import share, values, write
+from phasecheck import assert_phases_cover, timed_cli
+
+SUSPEND = ("tool start", "check (pids, settings, journal)", "discover", "quiesce", "save",
+           "store commit (sync, manifest, ref)", "release", "lock", "freeze", "checkpoint",
+           "holder or journal (start, ask, reply)")
+RESUME = ("tool start", "check (pids, journal)", "check (store)", "restore", "unlock", "thaw",
+          "recreate", "load", "attach", "reopen", "release holds", "holder or journal (start, ask, reply)")
+
+
+def test_suspend_and_resume_phases_add_up_to_the_command(lc, workload, tmp_path):
+    a, b = workload(), workload()
+    share(a, b, tmp_path)
+    write(a, "buf", 5)
+    assert_phases_cover(*timed_cli(lc.tool, "suspend", a.pid, b.pid, "--json"), *SUSPEND)
+    assert_phases_cover(*timed_cli(lc.tool, "resume", a.pid, "--json"), *RESUME)
+    assert values(b, "buf") == [5] * 4
+    r = lc.cli("suspend", a.pid, b.pid)  # the human output says it too
+    assert r.returncode == 0 and "\nphases: tool start " in r.stdout and "(total " in r.stdout, r.stdout
+    lc.kill_holders()  # resumed from the journal, in the command: the same account
+    assert_phases_cover(*timed_cli(lc.tool, "resume", b.pid, "--json"), *RESUME)
+    assert values(a, "buf") == [5] * 4
