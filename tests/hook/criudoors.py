@@ -42,7 +42,12 @@ def assert_back(env, a, b, value=42):
     write(a, "ipc", 8)
     assert values(b, "ipc") == [8] * 4, "legacy IPC sharing is not live"
     write(b, "ipc", 7)
-    assert not [n for n in os.listdir(env["run"]) if n.startswith(("pid-", "journal-", "restore-"))]
+    assert not state_files(env)
+
+
+def state_files(env):
+    """The tool's state files of a group or a restore still in the state directory."""
+    return [n for n in os.listdir(env["run"]) if n.startswith(("pid-", "journal-", "restore-"))]
 
 
 def wait_gone(env, timeout=20):

@@ -17,7 +17,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
 from shimtest import fake_only  # noqa: E402
 
-from criudoors import HOOK, assert_back, cli, door_dump, door_restore, hook_argv, state_of, wait_gone
+from criudoors import (HOOK, assert_back, cli, door_dump, door_restore, hook_argv, state_files, state_of,
+                       wait_gone)
 from criuwork import SockWorkload, reap
 from interrupts import paused, paused_env, tool_argv
 
@@ -101,6 +102,14 @@ def criu_child(pid):
     raise AssertionError(f"no CRIU process under {pid}")
 
 
+def alive(pid):
+    """pid runs (a zombie does not)."""
+    try:
+        return state_of(pid) != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def dump_paused(door, criu, env, pid, images, point, pause):
     os.makedirs(images, exist_ok=True)
     argv = (tool_argv(["dump", pid, images]) if door == "wrapper"
@@ -154,14 +163,6 @@ def test_criu_killed_during_the_dump_gives_the_tree_back(env, tree, tmp_path, cr
     assert_dumps_again(door, criu, env, tree, tmp_path)
 
 
-def alive(pid):
-    """pid runs (a zombie does not)."""
-    try:
-        return state_of(pid) != "Z"
-    except FileNotFoundError:
-        return False
-
-
 # -- restores that fail --------------------------------------------------------------------------
 
 
@@ -184,7 +185,7 @@ def assert_absent(tree, env):
     """Nothing of the tree runs and no state of a restore is left."""
     for pid in (p.pid for p in tree):
         assert not alive(pid), f"pid {pid} is left half-restored"
-    assert not [n for n in os.listdir(env["run"]) if n.startswith(("pid-", "journal-", "restore-"))]
+    assert not state_files(env)
 
 
 @pytest.mark.parametrize("door", DOORS)
