@@ -107,14 +107,16 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
 
     try:
         with cancel.on_interrupt(first_interrupt):
+            criu_ok = False
             try:
                 rpc.dump(images_dir, pid, options, on_notify)
+                criu_ok = True
                 clock.mark("criu finish")
             finally:
                 if plugins:
                     shutil.rmtree(plugins, ignore_errors=True)
                 if state["gpu"]:
-                    job.after_criu()
+                    job.after_criu(criu_ok)
                     clock.mark("gpu back (tasks run on)")
     except KeyboardInterrupt:  # the second Ctrl-C, in CRIU's dump: CRIU was stopped, the tree let go
         raise Cancelled(f"dump of {pid} interrupted: CRIU was stopped, the tree runs on as before") from None

@@ -62,6 +62,15 @@ def stats(images_dir: str, action: str) -> dict:
             for k, v in entry.items() if k.endswith("_time") or k.startswith("pages_")}
 
 
+def dump_succeeded(images_dir: str, since: float) -> bool:
+    """Whether a CRIU dump begun at `since` (time.time()) succeeded: CRIU writes stats-dump only
+    once the dump is done and every action script has passed, after letting the tasks go."""
+    try:
+        return os.stat(os.path.join(images_dir, "stats-dump")).st_mtime >= since
+    except OSError:
+        return False
+
+
 def pids(images_dir: str) -> list[int]:
     """The pids of the dumped processes (not threads), root first, from pstree.img."""
     return [task["pid"] for task in _entries(images_dir, "pstree.img")]

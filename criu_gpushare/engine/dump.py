@@ -7,14 +7,16 @@ notifications arrive in that process) or the holder that the hook's `pre-dump` s
                 A failure rolls back: CRIU aborts the dump, the workload runs as before.
   complete()    at post-dump, tasks seized: the store is durable, the dump is marked complete.
   after_criu()  once CRIU has let go of the tasks (its exit): tasks still alive (--leave-running,
-                or a dump that failed after pre-dump, which runs no action at all) get their GPU
-                state back in place; a dump that did not complete leaves no ref in the store.
+                or a dump that failed after pre-dump, which runs no action at all, or whose CRIU
+                was killed) get their GPU state back in place; a dump that CRIU did not finish
+                leaves no ref in the store, even once post-dump had marked it complete.
 CRIU holds the tasks seized between pre-dump and its exit, and no driver checkpoint call can run on
 a seized task: that is why the GPU state comes back only after CRIU is done.
 """
 import os
 import time
 
+from ..criu.images import dump_succeeded
 from ..errors import GroupHeld, StoreError
 from ..gpu.driver import gpu_inventory
 from ..shimctl import client as control
@@ -105,9 +107,13 @@ class DumpJob:
         self.journal.set(completed=True)
         fault_point("post-dump")
 
-    def after_criu(self):
-        """CRIU has exited: give running tasks their GPU state back; drop an incomplete dump."""
+    def after_criu(self, criu_succeeded=None):
+        """CRIU has exited: give running tasks their GPU state back; drop the ref of a dump CRIU
+        did not finish. criu_succeeded: CRIU's answer where this process has it; else tasks CRIU
+        killed mean success, and tasks left running mean success only with CRIU's stats-dump."""
         alive = self.journal.processes_alive()
+        if criu_succeeded is None:
+            criu_succeeded = not alive or dump_succeeded(self.images_dir, self.journal.data["created"])
         try:
             if alive:
                 self.report(f"CRIU is done and process(es) {', '.join(map(str, alive))} run on: "
@@ -118,12 +124,25 @@ class DumpJob:
                 self.group.release_holds()
                 self.journal.close()
         finally:
-            if not self.completed:
+            if not (self.completed and criu_succeeded):
                 self._drop_ref()
 
     def _drop_ref(self):
-        try:
-            with open_store(self.options.store) as store:
-                store.remove_ref(self.ref)
-        except StoreError:
-            pass  # never written, or the store is gone: nothing refers to it
+        drop_ref(self.options.store, self.ref)
+
+
+def drop_ref(store_path, ref):
+    try:
+        with open_store(store_path) as store:
+            store.remove_ref(ref)
+    except StoreError:
+        pass  # never written, or the store is gone: nothing refers to it
+
+
+def forget_if_failed(journal):
+    """A dump's journal whose tree was brought back from it (its worker died): its tree runs, so
+    CRIU's dump either succeeded with --leave-running (CRIU's stats-dump says so: the ref is the
+    image's) or failed (the ref names nothing a restore can use: dropped)."""
+    data = journal.data
+    if not dump_succeeded(data.get("images_dir") or "", data["created"]):
+        drop_ref(data["store"], data["ref"])

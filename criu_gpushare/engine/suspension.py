@@ -111,4 +111,8 @@ def recover(journal, gpu_map=None, report=print, verify=None):
                       verify=journal.data.get("verify", True) if verify is None else verify,
                       cache=journal.data.get("cache"), cache_limit=journal.data.get("cache_limit"))
     group = Group.from_state(journal.data["group"], options, report)
-    return resume_group(group, journal)
+    summary = resume_group(group, journal)
+    if journal.kind == "dump":
+        from .dump import forget_if_failed  # dump.py builds on this module
+        forget_if_failed(journal)
+    return summary

@@ -7,7 +7,7 @@ fails a dump or a restore.
 
 Between actions, state lives in the tool's private state directory: the dump's journal (and the
 holder that pre-dump starts, which watches CRIU and gives running tasks their GPU state back once
-CRIU lets go of them), and `restore-<criu pid>.json` from pre-restore to post-resume (CRIU has
+CRIU lets go of them), and `restore-<criu pid>.json` from post-restore to post-resume (CRIU has
 closed the image directory by post-resume).
 """
 import os
@@ -15,7 +15,7 @@ import sys
 
 from ..config import load_settings
 from ..criu import images
-from ..engine import dump as dump_engine, holder, journal as jn, restore as restore_engine, statedir
+from ..engine import dump as dump_engine, holder, journal as jn, record, restore as restore_engine, statedir
 from ..errors import EXIT_BUG, Error, ProcessError
 from ..gpu.devices import parse_gpu_map
 
@@ -115,17 +115,19 @@ def _restore_state():
     return f"restore-{_criu_pid()}.json"
 
 
-def pre_restore(action):
-    images_dir = _images_dir()
+def _restore_settings():
+    """(store given by the settings or None: the record's, GPU map, settings) for a restore."""
     settings = load_settings({})
     store = settings.store if settings.origin.get("store") != "default" else None
-    gpu_map = _gpu_map_env()
+    return store, _gpu_map_env(), settings
+
+
+def pre_restore(action):
+    images_dir = _images_dir()
+    store, gpu_map, settings = _restore_settings()
     rec = restore_engine.check(images_dir, store, gpu_map, lambda: images.maps_libcuda(images_dir))
     if rec is None:
         return 0
-    statedir.write_json(_restore_state(), {"record": rec, "store": store, "gpu_map": gpu_map,
-                                            "verify": settings.verify, "images_dir": images_dir,
-                                            "cache": settings.cache, "cache_limit": settings.cache_limit})
     if settings.cache:
         warmed = restore_engine.warm_cache(rec, store, settings.cache, settings.cache_limit)
         _say(action, f"node cache {settings.cache}: {warmed.fetched} chunk(s) fetched")
@@ -135,10 +137,21 @@ def pre_restore(action):
 
 
 def post_restore(action):
-    state = statedir.read_json(_restore_state())
-    if state is not None:
-        state["root"] = _init_pid()
-        statedir.write_json(_restore_state(), state)
+    """The tasks are restored: what post-resume needs goes into the state dir now, not at
+    pre-restore, since CRIU runs no action when it fails in between (a pid taken, a damaged image)
+    and a state file written earlier would outlive that restore."""
+    images_dir = _images_dir()
+    try:
+        rec = record.read(images_dir)
+    except record.RecordMissing:
+        return 0  # pre-restore let it through: nothing of ours in the tree
+    if not rec["gpu_state"]:
+        return 0
+    store, gpu_map, settings = _restore_settings()
+    statedir.write_json(_restore_state(), {"record": rec, "store": store, "gpu_map": gpu_map,
+                                            "verify": settings.verify, "images_dir": images_dir,
+                                            "cache": settings.cache, "cache_limit": settings.cache_limit,
+                                            "root": _init_pid()})
     return 0
 
 
@@ -147,7 +160,7 @@ def post_resume(action):
     if state is None:
         return 0
     statedir.remove(_restore_state())
-    root = state.get("root") or _init_pid()
+    root = state["root"]
     try:
         summary = restore_engine.run(state["record"], root, state["store"], state["gpu_map"],
                                      state["verify"], report=lambda m: _say(action, m),

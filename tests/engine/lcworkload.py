@@ -14,12 +14,18 @@ Extra commands:
   allocloop COUNT          a thread allocates COUNT blocks of 2 MiB of stream-ordered memory,
                            one every 5 ms, and keeps them (no launch or copy: the gates do not
                            hold it)
+  connect PATH             -> fd: a unix stream socket connected to a listener at PATH (outside
+                           the tree, CRIU refuses to dump it: "External socket is used")
+  unlinked PATH            -> fd: PATH created and held open, hard-linked to PATH.other, PATH
+                           removed (a deleted path of a linked file: CRIU dumps it only with
+                           link-remap)
 """
 from __future__ import annotations
 
 import ctypes
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -87,6 +93,17 @@ class LifecycleWorkload(base.Workload):
                 time.sleep(0.005)
 
         threading.Thread(target=loop, daemon=True, name="allocloop").start()
+
+    def cmd_connect(self, path):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(path)
+        return {"fd": s.detach()}  # the fd is the test's to close (closefd)
+
+    def cmd_unlinked(self, path):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.link(path, path + ".other")
+        os.unlink(path)
+        return {"fd": fd}
 
     def cmd_fdtarget(self, fd):
         return {"target": os.readlink(f"/proc/self/fd/{int(fd)}")}

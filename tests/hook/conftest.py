@@ -1,5 +1,6 @@
 """Fixtures of the CRIU front-door tests."""
 import os
+import subprocess
 import sys
 
 import pytest
@@ -8,6 +9,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from shimtest import NO_MULTICAST_ENV, REAL_DRIVER  # noqa: E402
 
 from criu_gpushare.shimctl.shimlib import shim_path  # noqa: E402
+from criuwork import kill_tree, share, start_tree, write  # noqa: E402
 
 
 @pytest.fixture
@@ -35,3 +37,21 @@ def no_link_remaps_left(request):
             os.unlink(path)
         except OSError:
             pass
+
+
+@pytest.fixture
+def tree(env, tmp_path, criu):
+    """tests/hook/criutree.py's tree: a parent without CUDA, two children a and b sharing `buf`
+    (a cuMem fd export, 42) and `ipc` (legacy CUDA IPC of a's cuMemAlloc memory, 7)."""
+    parent, (a, b) = start_tree(tmp_path, env["app"])
+    share(a, b, tmp_path)
+    write(a, "buf", 42)
+    a.do("malloc ipc 4194304")  # cuMemAlloc memory the shim backs with cuMem: legacy IPC through it
+    b.do(f"ipcopen ipc {a.do('ipcget ipc')['handle']} 4194304")
+    write(b, "ipc", 7)
+    yield parent, a, b
+    kill_tree([a.pid, b.pid, parent.pid])
+    try:
+        parent.wait(5)
+    except subprocess.TimeoutExpired:
+        pass

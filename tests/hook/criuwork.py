@@ -40,6 +40,10 @@ class SockWorkload:
             s.sendall(line.encode() + b"\n")
             with s.makefile("r") as f:
                 reply = json.loads(f.readline())
+                # until the workload has closed its end: a dump right after this call must not
+                # find its socket still connected to ours, a peer outside the tree, which CRIU
+                # refuses ("External socket is used")
+                f.read()
         if ok:
             assert reply.get("ok"), f"{line!r}: {reply}"
         return reply

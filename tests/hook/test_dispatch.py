@@ -40,7 +40,8 @@ def test_actions_with_nothing_of_ours_to_do_let_criu_proceed(action, tmp_path):
     run = tmp_path / "run"
     with subprocess.Popen(["sleep", "30"]) as p:
         try:
-            r = run_hook(action, CRTOOLS_INIT_PID=str(p.pid), CRIU_GPUSHARE_RUN_DIR=str(run))
+            r = run_hook(action, CRTOOLS_INIT_PID=str(p.pid), CRIU_GPUSHARE_RUN_DIR=str(run),
+                         CRTOOLS_IMAGE_DIR=str(tmp_path))  # an image without our record
         finally:
             p.kill()
     assert r.returncode == 0, r.stderr

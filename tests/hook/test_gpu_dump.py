@@ -14,57 +14,12 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
 from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
+from criudoors import (HOOK, assert_back, assert_nothing_restored, cli, criu_run, dumped, hook_dump,
+                       state_of, wait_gone)
 from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
 from interrupts import interrupt, paused_env
 from phasecheck import assert_phases_cover, timed_cli
 from criu_gpushare.engine.record import RECORD_NAME
-
-HOOK = shutil.which("criu-gpushare-hook")
-
-
-@pytest.fixture
-def tree(env, tmp_path, criu):
-    parent, (a, b) = start_tree(tmp_path, env["app"])
-    share(a, b, tmp_path)
-    write(a, "buf", 42)
-    a.do("malloc ipc 4194304")  # cuMemAlloc memory the shim backs with cuMem: legacy IPC through it
-    b.do(f"ipcopen ipc {a.do('ipcget ipc')['handle']} 4194304")
-    write(b, "ipc", 7)
-    yield parent, a, b
-    kill_tree([a.pid, b.pid, parent.pid])
-    try:
-        parent.wait(5)
-    except subprocess.TimeoutExpired:
-        pass
-
-
-def cli(env, *args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "criu_gpushare.cli", *map(str, args)], env=env["tool"],
-                          capture_output=True, text=True, timeout=timeout)
-
-
-def criu_run(criu, env, args, images, log, fault=None):
-    tool = dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}))
-    return subprocess.run([criu, *args, "-D", str(images), "--action-script", HOOK, "-o", log],
-                          env=tool, capture_output=True, text=True, timeout=180)
-
-
-def hook_dump(criu, env, parent, tmp_path, *extra, fault=None):
-    """`criu dump` of parent's tree through the hook into a new image directory: (images, result)."""
-    images = tmp_path / "images"
-    images.mkdir()
-    return images, criu_run(criu, env, ["dump", "-t", str(parent.pid), *extra], images, "dump.log", fault)
-
-
-def assert_back(env, a, b, value=42):
-    assert values(b, "buf") == [value] * 4 and values(a, "buf") == [value] * 4
-    assert values(a, "ipc") == [7] * 4, "legacy IPC memory lost"
-    write(b, "buf", value + 1)
-    assert values(a, "buf") == [value + 1] * 4, "sharing is not live"
-    write(a, "ipc", 8)
-    assert values(b, "ipc") == [8] * 4, "legacy IPC sharing is not live"
-    write(b, "ipc", 7)
-    assert not [n for n in os.listdir(env["run"]) if n.startswith(("pid-", "journal-", "restore-"))]
 
 
 def test_wrapper_dump_then_restore(env, tree, tmp_path):
@@ -124,14 +79,6 @@ def test_hook_dump_leave_running_gives_the_gpu_state_back(env, tree, tmp_path, c
     assert_back(env, a, b)
 
 
-def wait_gone(env, timeout=20):
-    import time
-    deadline = time.monotonic() + timeout
-    while [n for n in os.listdir(env["run"]) if n.startswith("journal-")]:
-        assert time.monotonic() < deadline, "the dump's journal stays"
-        time.sleep(0.05)
-
-
 def test_ipc_handles_from_before_the_dump_open_in_a_new_importer(env, tree, tmp_path):
     """CUDA IPC handles taken before a dump open after the restore in a process started then: of
     memory below the backing threshold (the driver's own, which its checkpoint restores; the
@@ -154,21 +101,6 @@ def test_ipc_handles_from_before_the_dump_open_in_a_new_importer(env, tree, tmp_
     finally:
         late.kill()
         late.reap()
-
-
-def dumped(env, tree, tmp_path):
-    parent, a, b = tree
-    images = tmp_path / "images"
-    r = cli(env, "dump", parent.pid, images, "--json")
-    assert r.returncode == 0, r.stderr
-    parent.wait(10)
-    reap([a.pid, b.pid])
-    return images, json.loads(r.stdout)
-
-
-def assert_nothing_restored(a, b):
-    for pid in (a.pid, b.pid):
-        assert not os.path.exists(f"/proc/{pid}"), f"pid {pid} was restored"
 
 
 def test_restore_refuses_an_image_made_without_criu_gpushare(env, tree, tmp_path):
@@ -414,11 +346,6 @@ def assert_readers_ran_on(*workloads):
             assert time.monotonic() < deadline, f"the reader thread of {w.pid} does not run"
             time.sleep(0.02)
         assert w.do("readers")["value"] == 2 * 77
-
-
-def state_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_no_thread_runs_while_checkpointed_through_the_wrapper(env, reading, tmp_path):

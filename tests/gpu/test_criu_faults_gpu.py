@@ -1,0 +1,94 @@
+"""The GPU row of the CRIU fault matrix (hooks/README.md, "Faults"): a restore onto a GPU without
+room for the memory that comes back. Another process holds all but 1 GiB of the GPU; the restore
+of a 2 GiB torch workload is refused before CRIU restores anything (the wrapper exits 12, the
+hook's pre-restore fails CRIU's restore; both name the GPU, what is needed and what is free), and
+nothing of the tree is left; once that process lets go, the same restore brings the tree back with
+its contents. The fake driver's twin is tests/hook/test_criu_faults.py.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_criu_trees import CALL_TIMEOUT_S, HOOK, Tree, bl, run_criu  # one tree harness for tests/gpu
+
+ROOM_LEFT = 1 << 30  # what the filler leaves free: less than the workload's 2 GiB
+FILLER = """
+import sys, time, torch
+free, _ = torch.cuda.mem_get_info()
+held = torch.empty(max(free - int(sys.argv[1]), 0), dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+with open(sys.argv[2], "w") as f:
+    f.write(str(held.numel()))
+time.sleep(900)
+"""
+
+
+@contextlib.contextmanager
+def gpu_filled(tmp_path):
+    """A process (no shim) holding all but ROOM_LEFT of GPU 0's free memory while inside."""
+    ready = tmp_path / "filled"
+    env = bl.tool_env(str(tmp_path / "run"))
+    if os.environ.get("GPUSHARE_PROBE_RUN"):  # scripts/gpu-tests.sh kills leftovers by this tag
+        env["GPUSHARE_PROBE_TAG"] = os.environ["GPUSHARE_PROBE_RUN"]
+    proc = subprocess.Popen([sys.executable, "-c", FILLER, str(ROOM_LEFT), str(ready)], env=env,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists():
+            assert proc.poll() is None, f"the filler exited {proc.returncode}: {proc.stderr.read()[-2000:]}"
+            assert time.monotonic() < deadline, "the filler did not take the GPU's memory within 120 s"
+            time.sleep(0.1)
+        print(f"filler holds {int(ready.read_text()) / 2**30:.1f} GiB", flush=True)
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def restore(tree, door, criu, images):
+    """-> (exit code, what the user reads)."""
+    if door == "wrapper":
+        r = bl.run_tool(["restore", images], tree.env, CALL_TIMEOUT_S)
+        return r.rc, r.stderr
+    r = run_criu(criu, "restore", images, ["-d", "--action-script", HOOK, "--link-remap"], tree.env, CALL_TIMEOUT_S)
+    return r.returncode, r.output + r.log
+
+
+def dump(tree, door, criu, images):
+    root = tree.wl.pids[0]
+    if door == "wrapper":
+        r = bl.run_tool(["dump", root, images], tree.env, CALL_TIMEOUT_S)
+        assert r.ok, f"dump: {r.why()}\n{r.stderr[-3000:]}"
+    else:
+        r = run_criu(criu, "dump", images, ["-t", root, "--action-script", HOOK, "--link-remap"], tree.env, CALL_TIMEOUT_S)
+        assert r.returncode == 0, r.tail(40)
+    tree.wl.reap(30)
+
+
+@pytest.mark.parametrize("door", ["wrapper", pytest.param("hook", marks=pytest.mark.skipif(
+    HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)"))])
+def test_a_restore_onto_a_full_gpu_is_refused_until_there_is_room(tmp_path, criu_bin, door):
+    pytest.importorskip("torch", reason="torch is not installed")
+    tree = Tree(tmp_path, "blocks", "blocks.py", ["--gib", "2"])
+    try:
+        images = tree.images()
+        dump(tree, door, criu_bin, images)
+        with gpu_filled(tmp_path):
+            rc, said = restore(tree, door, criu_bin, images)
+        print(f"refused ({door}): exit {rc}: {said.strip().splitlines()[-3:]}", flush=True)
+        assert rc != 0 and "GiB on GPU" in said and "GiB free" in said, said[-3000:]
+        if door == "wrapper":
+            assert rc == 12 and "Traceback" not in said, said[-3000:]
+        assert not [p for p in tree.wl.pids if os.path.exists(f"/proc/{p}")], "half-restored"
+        rc, said = restore(tree, door, criu_bin, images)
+        assert rc == 0 and "GPU state NOT restored" not in said, said[-3000:]
+        assert tree.wl.verify() == "ok", "contents differ after the retried restore"
+    finally:
+        tree.close()

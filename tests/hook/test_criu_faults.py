@@ -1,0 +1,241 @@
+"""The CRIU paths under faults (hooks/README.md, "Faults", is this matrix with its results), through
+both doors where the fault applies: `criu-gpushare dump`/`restore` (the wrapper) and `criu
+--action-script criu-gpushare-hook` (the hook), on tests/hook/criutree.py's tree.
+
+Dump side: after each fault the tree runs with its GPU memory (contents and sharing checked), the
+store holds no ref of the failed dump and verifies, and the next dump and restore work.
+Restore side: the tree is absent (nothing half-restored), the image and the store are as they were,
+and the same restore, tried again, brings the tree back whole.
+"""
+import os
+import signal
+import socket
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
+from shimtest import fake_only  # noqa: E402
+
+from criudoors import (HOOK, assert_back, cli, door_dump, door_restore, hook_argv, state_files, state_of,
+                       wait_gone)
+from criuwork import SockWorkload, reap
+from interrupts import paused, paused_env, tool_argv
+
+needs_hook = pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+DOORS = ["wrapper", pytest.param("hook", marks=needs_hook)]
+
+
+def refs(tmp_path):
+    d = tmp_path / "store" / "refs"
+    return sorted(p.name for p in d.rglob("*") if p.is_file()) if d.exists() else []
+
+
+def assert_store_consistent(env, tmp_path):
+    v = cli(env, "store", "verify", "--json")
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def assert_dumps_again(door, criu, env, tree, tmp_path, value=43, name="again"):
+    """The fault left nothing in the way: a new dump and its restore work, contents intact (buf
+    holds `value`: assert_back leaves it one up)."""
+    parent, a, b = tree
+    images = tmp_path / name
+    r = door_dump(door, criu, env, parent.pid, images)
+    assert r.returncode == 0, r.text[-3000:]
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    r = door_restore(door, criu, env, images)
+    assert r.returncode == 0, r.text[-3000:]
+    a.wait_ready()
+    assert_back(env, a, b, value)
+
+
+# -- CRIU fails the dump after pre-dump ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("cause", ["external-socket", "deleted-path"])
+def test_criu_failing_after_pre_dump_leaves_the_tree_running_whole(env, tree, tmp_path, criu, door, cause):
+    parent, a, b = tree
+    if cause == "external-socket":  # a connection to a peer outside the tree
+        outside = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        outside.bind(str(tmp_path / "outside.sock"))
+        outside.listen(1)
+        fd = a.do(f"connect {tmp_path / 'outside.sock'}")["fd"]
+        peer, _ = outside.accept()
+        r = door_dump(door, criu, env, parent.pid, tmp_path / "images")
+        said = "External socket is used"
+    else:  # a file open under a path that is gone while the file lives on (another link)
+        fd = b.do(f"unlinked {tmp_path / 'held'}")["fd"]
+        r = door_dump(door, criu, env, parent.pid, tmp_path / "images", link_remap=False)
+        said = "Use link-remap option"
+    assert r.returncode != 0 and said in r.text, r.text[-3000:]
+    if door == "wrapper":
+        assert r.returncode == 11 and "Traceback" not in r.stderr, r.stderr
+    wait_gone(env)  # the hook's holder gives the GPU state back once CRIU has exited
+    assert_back(env, a, b)
+    assert refs(tmp_path) == []
+    assert_store_consistent(env, tmp_path)
+    if cause == "external-socket":
+        a.do(f"closefd {fd}")
+    assert_dumps_again(door, criu, env, tree, tmp_path)
+
+
+# -- a process killed during the dump ----------------------------------------------------------
+# Paused at a point (CRIU_GPUSHARE_FAULT=<point>:pause): "stop", the last step of pre-dump (CRIU
+# waits for its answer, the tasks not yet seized), or "post-dump" (CRIU has seized and dumped the
+# tasks and waits for its answer).
+
+
+def criu_child(pid):
+    """The CRIU process (`criu swrk`, which renames itself) the wrapper process pid runs."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            exe = os.path.basename(os.readlink(f"/proc/{entry}/exe"))
+        except (OSError, ValueError):
+            continue
+        if ppid == pid and exe == "criu":
+            return int(entry)
+    raise AssertionError(f"no CRIU process under {pid}")
+
+
+def alive(pid):
+    """pid runs (a zombie does not)."""
+    try:
+        return state_of(pid) != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def dump_paused(door, criu, env, pid, images, point, pause):
+    os.makedirs(images, exist_ok=True)
+    argv = (tool_argv(["dump", pid, images]) if door == "wrapper"
+            else hook_argv(criu, ["dump", "-t", pid], images, "dump.log"))
+    return paused(argv, paused_env(env["tool"], point, pause), pause)
+
+
+@pytest.mark.parametrize("point", ["stop", "post-dump"])
+def test_the_wrapper_killed_during_the_dump_leaves_the_tree_stopped_until_resume(env, tree, tmp_path, criu, point):
+    """A dead wrapper cannot give the GPU state back: its CRIU, the answer lost, ends the dump and
+    lets the tasks go, the checkpointed ones stopped (none runs on missing memory); `status` says
+    so and `resume` brings them back from the journal, dropping the failed dump's ref."""
+    parent, a, b = tree
+    pause = tmp_path / "pause"
+    with dump_paused("wrapper", criu, env, parent.pid, tmp_path / "images", point, pause) as (proc, _):
+        worker = criu_child(proc.pid)
+        proc.kill()
+        proc.wait()
+    reap([worker])  # CRIU ends (its socket closed) and, orphaned, is reaped here
+    assert not alive(worker), "CRIU stays after its wrapper died"
+    assert state_of(a.pid) == "T" and state_of(b.pid) == "T" and state_of(parent.pid) != "T"
+    s = cli(env, "status", a.pid)
+    assert s.returncode == 0 and "stopped by criu-gpushare" in s.stdout, s.stdout + s.stderr
+    r = cli(env, "resume", a.pid)
+    assert r.returncode == 0 and "resuming from its journal" in r.stderr, r.stderr
+    assert_back(env, a, b)
+    assert refs(tmp_path) == []
+    assert_store_consistent(env, tmp_path)
+    assert_dumps_again("wrapper", criu, env, tree, tmp_path)
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("point", ["stop", "post-dump"])
+def test_criu_killed_during_the_dump_gives_the_tree_back(env, tree, tmp_path, criu, door, point):
+    """CRIU dies (before or after it seized and dumped the tasks): the wrapper, or the hook's
+    holder watching CRIU, gives the tree its GPU state back; no ref of the dump is left."""
+    parent, a, b = tree
+    pause = tmp_path / "pause"
+    with dump_paused(door, criu, env, parent.pid, tmp_path / "images", point, pause) as (proc, err):
+        os.kill(criu_child(proc.pid) if door == "wrapper" else proc.pid, signal.SIGKILL)
+        if door == "hook":
+            proc.wait()
+    said = open(err).read()
+    if door == "wrapper":
+        assert proc.returncode == 11 and "killed by signal 9" in said, said
+        assert "bringing their GPU state back" in said and "Traceback" not in said, said
+    wait_gone(env)  # the hook's holder works once CRIU is gone
+    assert_back(env, a, b)
+    assert refs(tmp_path) == []
+    assert_store_consistent(env, tmp_path)
+    assert_dumps_again(door, criu, env, tree, tmp_path)
+
+
+# -- restores that fail --------------------------------------------------------------------------
+
+
+def image_files(images):
+    """name -> bytes of every image file (CRIU's logs and its stats of a restore aside)."""
+    return {p.name: p.read_bytes() for p in images.iterdir()
+            if p.is_file() and not p.name.endswith(".log") and p.name != "stats-restore"}
+
+
+def dumped_through(door, criu, env, tree, tmp_path):
+    parent, a, b = tree
+    images = tmp_path / "images"
+    r = door_dump(door, criu, env, parent.pid, images)
+    assert r.returncode == 0, r.text[-3000:]
+    parent.wait(10)
+    return images
+
+
+def assert_absent(tree, env):
+    """Nothing of the tree runs and no state of a restore is left."""
+    for pid in (p.pid for p in tree):
+        assert not alive(pid), f"pid {pid} is left half-restored"
+    assert not state_files(env)
+
+
+@pytest.mark.parametrize("door", DOORS)
+@pytest.mark.parametrize("cause", ["pid-taken", "damaged-image"])
+def test_a_restore_failing_part_way_leaves_nothing_and_can_be_retried(env, tree, tmp_path, criu, door, cause):
+    parent, a, b = tree
+    images = dumped_through(door, criu, env, tree, tmp_path)
+    before = image_files(images)
+    kept = refs(tmp_path)
+    if cause == "pid-taken":
+        reap([a.pid])  # b's corpse, a zombie child of this test, keeps b's pid taken
+    else:
+        reap([a.pid, b.pid])
+        core = images / f"core-{b.pid}.img"
+        core.write_bytes(before[core.name][: len(before[core.name]) // 2])
+    r = door_restore(door, criu, env, images)
+    assert r.returncode != 0, r.text[-3000:]
+    if door == "wrapper":
+        assert r.returncode == 11 and "restore of" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    reap([parent.pid, a.pid, b.pid])  # what CRIU killed (and b's corpse)
+    assert_absent(tree, env)
+    if cause == "damaged-image":
+        core.write_bytes(before[core.name])
+    assert image_files(images) == before and refs(tmp_path) == kept
+    assert_store_consistent(env, tmp_path)
+    r = door_restore(door, criu, env, images)
+    assert r.returncode == 0, r.text[-3000:]
+    a.wait_ready()
+    assert_back(env, a, b)
+
+
+@fake_only  # tests/gpu/test_criu_faults_gpu.py fills a real GPU
+@pytest.mark.parametrize("door", DOORS)
+def test_a_restore_whose_gpu_lacks_memory_restores_nothing_until_there_is_room(env, tree, tmp_path, criu, door):
+    parent, a, b = tree
+    images = dumped_through(door, criu, env, tree, tmp_path)
+    reap([a.pid, b.pid])
+    # another process takes all but 2 MiB of the fake GPU's 4096 MiB (the tree needs 8 MiB)
+    filler = SockWorkload(env["tool"], tmp_path / "filler.sock")
+    try:
+        filler.do(f"malloc all {(4096 - 2) << 20}")
+        r = door_restore(door, criu, env, images)
+    finally:
+        filler.kill()
+        filler.reap()
+    assert r.returncode != 0 and "which has 0.00 GiB free" in r.text, r.text[-3000:]
+    if door == "wrapper":
+        assert r.returncode == 12 and "Traceback" not in r.stderr, r.stderr
+    assert_absent(tree, env)
+    r = door_restore(door, criu, env, images)
+    assert r.returncode == 0, r.text[-3000:]
+    a.wait_ready()
+    assert_back(env, a, b)
