@@ -99,6 +99,19 @@ def load_settings(flags=None, environ=None):
     return Settings(origin=origin, **values)
 
 
+def state_dir_path(environ=None):
+    """Where the tool's private state lives (engine/statedir.py checks and makes it; the driver
+    lock of gpu/checkpoint_api.py lives there too): $CRIU_GPUSHARE_RUN_DIR, else
+    /run/criu-gpushare as root, else $XDG_RUNTIME_DIR/criu-gpushare, else /tmp/criu-gpushare-<uid>."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CRIU_GPUSHARE_RUN_DIR"):
+        return environ["CRIU_GPUSHARE_RUN_DIR"]
+    if os.geteuid() == 0:
+        return "/run/criu-gpushare"
+    base = environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(base, "criu-gpushare") if base else f"/tmp/criu-gpushare-{os.geteuid()}"
+
+
 def _read_config_file(environ):
     explicit = environ.get(ENV_CONFIG)
     path = explicit or DEFAULT_CONFIG
