@@ -7,7 +7,10 @@ environment and the config file matter):
      CRIU_GPUSHARE_CACHE_LIMIT, CRIU_GPUSHARE_GC_GRACE, CRIU_GPUSHARE_VERIFY
   3. the config file: $CRIU_GPUSHARE_CONFIG (must exist when set), else
      /etc/criu-gpushare/config.toml (optional)
-  4. the embedded default: store /var/lib/criu-gpushare/store, no cache, gc grace 1h, verify on
+  4. the embedded default: store /var/lib/criu-gpushare/store, no cache, gc grace 1h, verify on;
+     for a restore, the store its dump recorded in the image before this default
+A job's own settings (the drain timeout, flag only; the GPU map, flag or CRIU_GPUSHARE_GPU_MAP) are
+added by engine/jobs.py's load_settings, which every command that runs a job and the hook use.
 
 The store is a directory or s3://BUCKET/PREFIX (an S3-compatible server; its endpoint and
 credentials come from the standard AWS environment variables and files, never from here).
@@ -39,6 +42,7 @@ from .errors import ConfigError
 DEFAULT_STORE = "/var/lib/criu-gpushare/store"
 DEFAULT_CONFIG = "/etc/criu-gpushare/config.toml"
 DEFAULT_GC_GRACE_S = 3600.0
+DEFAULT_TIMEOUT_S = 60.0
 
 ENV_STORE = "CRIU_GPUSHARE_STORE"
 ENV_CACHE = "CRIU_GPUSHARE_CACHE"
@@ -46,6 +50,7 @@ ENV_CACHE_LIMIT = "CRIU_GPUSHARE_CACHE_LIMIT"
 ENV_GC_GRACE = "CRIU_GPUSHARE_GC_GRACE"
 ENV_VERIFY = "CRIU_GPUSHARE_VERIFY"
 ENV_CONFIG = "CRIU_GPUSHARE_CONFIG"
+ENV_GPU_MAP = "CRIU_GPUSHARE_GPU_MAP"
 
 # (setting, table, key, environment variable, parser name)
 _KEYS = [
@@ -67,6 +72,10 @@ class Settings:
     gc_grace_s: float
     verify: bool
     origin: dict = field(default_factory=dict)  # setting -> "flag" | "env NAME" | file | "default"
+    # A job's own (engine/jobs.py resolves them, by the same order): flag only, and flag or
+    # CRIU_GPUSHARE_GPU_MAP (the hook's --gpu-map).
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    gpu_map: dict = field(default_factory=dict)
 
 
 def load_settings(flags=None, environ=None):
@@ -88,6 +97,19 @@ def load_settings(flags=None, environ=None):
         values[setting] = _PARSERS[kind](raw, where)
         origin[setting] = where
     return Settings(origin=origin, **values)
+
+
+def state_dir_path(environ=None):
+    """Where the tool's private state lives (engine/statedir.py checks and makes it; the driver
+    lock of gpu/checkpoint_api.py lives there too): $CRIU_GPUSHARE_RUN_DIR, else
+    /run/criu-gpushare as root, else $XDG_RUNTIME_DIR/criu-gpushare, else /tmp/criu-gpushare-<uid>."""
+    environ = os.environ if environ is None else environ
+    if environ.get("CRIU_GPUSHARE_RUN_DIR"):
+        return environ["CRIU_GPUSHARE_RUN_DIR"]
+    if os.geteuid() == 0:
+        return "/run/criu-gpushare"
+    base = environ.get("XDG_RUNTIME_DIR")
+    return os.path.join(base, "criu-gpushare") if base else f"/tmp/criu-gpushare-{os.geteuid()}"
 
 
 def _read_config_file(environ):

@@ -12,6 +12,9 @@ workload runs as before); one whose rollback failed too exits GroupHeld's code (
 RestoreIncomplete's code (the processes stay held at their gates and the restore can be retried).
 An interrupt (Ctrl-C) exits Cancelled's code when it undid the work, Interrupted's when it did not
 (engine/cancel.py says which command does what).
+
+Every entry point (the command line in cli/__init__.py, the hook's main) catches these once and
+exits with their code; nothing below them exits the process.
 """
 
 EXIT_OK = 0
@@ -145,3 +148,13 @@ class Interrupted(Error):
     # was; the message says which and how to follow it.
 
     exit_code = 18
+
+
+class Failed(Error):
+    """{}"""
+    # An error another process of the tool reported (a holder's final answer): its message as it
+    # was said there, and its exit code.
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code or EXIT_BUG

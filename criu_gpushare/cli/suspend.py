@@ -1,29 +1,16 @@
 """`criu-gpushare suspend PID...` and `criu-gpushare resume PID...`: free a group's GPU memory in place."""
 import json
 import math
-import os
-import time
 
 import click
 
-from ..config import load_settings
-from ..engine import holder, journal as jn, suspension
-from ..engine.steps import Options, format_summary
-from ..errors import Interrupted, ProcessError
+from ..engine import holder, jobs
+from ..engine.steps import format_summary
+from ..errors import Interrupted
 from ..gpu import devices
-from ..shimctl.processes import process_tree, uses_cuda
 from .phases import PhaseClock, format_phases
 
 MAX_TIMEOUT_S = 24 * 3600
-
-
-def _pids(pids, tree):
-    out = []
-    for pid in pids:
-        if not os.path.exists(f"/proc/{pid}"):
-            raise ProcessError(pid, "no such process")
-        out.extend(process_tree(pid) if tree else [pid])
-    return sorted(set(out))
 
 
 def _finish(final, as_json, clock, too_late=None):
@@ -38,12 +25,12 @@ def _finish(final, as_json, clock, too_late=None):
         click.echo(format_phases(final["result"]["phases"]))
     if final["ok"] and final.get("interrupted") and too_late:
         raise Interrupted(too_late)
-    holder.finish(final)
+    holder.outcome(final)
 
 
 def _timeout(ctx, param, value):
     """Refused before anything changes: a timeout must be a finite number of seconds in range."""
-    if not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S:
+    if value is not None and (not math.isfinite(value) or not 0 < value <= MAX_TIMEOUT_S):
         raise click.BadParameter(f"{value!r}: give seconds, more than 0 and at most {MAX_TIMEOUT_S}")
     return value
 
@@ -60,8 +47,8 @@ def parse_gpu_map(items):
 @click.argument("pids", nargs=-1, type=int, required=True)
 @click.option("--tree", is_flag=True, help="Also every descendant of each PID.")
 @click.option("--store", help="Chunk store directory (default: settings).")
-@click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True, callback=_timeout,
-              help="Seconds to wait for GPU work to drain and for the driver lock.")
+@click.option("--timeout", "timeout_s", type=float, callback=_timeout,
+              help="Seconds to wait for GPU work to drain and for the driver lock.  [default: 60]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def suspend(pids, tree, store, timeout_s, as_json):
     """Free every GPU byte of the processes PIDS (which may share GPU memory), keeping them alive.
@@ -70,21 +57,11 @@ def suspend(pids, tree, store, timeout_s, as_json):
     addresses. On failure the workload runs on as before and the failed step is named.
     """
     clock = PhaseClock()
-    pids = _pids(pids, tree)
-    if not any(uses_cuda(pid) for pid in pids):
-        raise ProcessError(", ".join(map(str, pids)), "does not use CUDA: nothing to suspend")
-    settings = load_settings({"store": store})
-    ref = f"suspend-{min(pids)}-{time.strftime('%Y%m%dT%H%M%S')}"
-    journal = jn.Journal.create("suspend", pids, jn.SUSPENDING, store=settings.store, ref=ref,
-                                verify=settings.verify, cache=settings.cache,
-                                cache_limit=settings.cache_limit)
-    options = Options(store=settings.store, timeout_s=timeout_s, ref=ref, verify=settings.verify,
-                      cache=settings.cache, cache_limit=settings.cache_limit)
-    clock.mark("check (pids, settings, journal)")
-    final = holder.start(suspension.SuspendWork(journal, options),
-                         on_progress=lambda m: click.echo(m, err=True), cancellable=True)
-    _finish(final, as_json, clock, too_late="the interrupt came once the suspend was done: the group stays "
-            f"suspended; `criu-gpushare resume {pids[0]}` brings it back")
+    settings = jobs.load_settings({"store": store, "timeout_s": timeout_s})
+    final = jobs.suspend(pids, settings, tree, report=lambda m: click.echo(m, err=True), mark=clock.mark)
+    key = min((final.get("result") or {}).get("pids") or pids)
+    _finish(final, as_json, clock, too_late="the interrupt came once the suspend was done: the group "
+            f"stays suspended; `criu-gpushare resume {key}` brings it back")
 
 
 @click.command()
@@ -99,17 +76,6 @@ def resume(pids, gpu_map, as_json):
     journal and the chunk store by this command.
     """
     clock = PhaseClock()
-    mapping = parse_gpu_map(gpu_map)
-    journals = {}
-    for pid in pids:
-        j = jn.owner_of(pid)
-        if j is None:
-            raise ProcessError(pid, "is not suspended by criu-gpushare")
-        journals[j.key] = j
-    if len(journals) > 1:
-        raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
-    verify = load_settings({}).verify
-    (journal,) = journals.values()
-    clock.mark("check (pids, journal)")
-    final = suspension.resume(journal, mapping, report=lambda m: click.echo(m, err=True), verify=verify)
-    _finish(final, as_json, clock)
+    settings = jobs.load_settings({"gpu_map": parse_gpu_map(gpu_map) or None})
+    _finish(jobs.resume(pids, settings, report=lambda m: click.echo(m, err=True), mark=clock.mark),
+            as_json, clock)

@@ -14,7 +14,6 @@ CRIU holds the tasks seized between pre-dump and its exit, and no driver checkpo
 a seized task: that is why the GPU state comes back only after CRIU is done.
 """
 import os
-import time
 
 from ..criu.images import dump_succeeded
 from ..errors import GroupHeld, StoreError
@@ -25,7 +24,7 @@ from ..store.backend import open_store
 from . import journal as jn, record
 from .faults import fault_point
 from .runner import Runner
-from .steps import CRIU_PRE_DUMP, Group, Options
+from .steps import CRIU_PRE_DUMP, Group
 from .suspension import resume_group
 
 
@@ -42,12 +41,12 @@ def cuda_pids(root_pid):
 
 
 class DumpJob:
-    def __init__(self, root_pid, images_dir, store, verify=True, report=print, cancel=None):
+    def __init__(self, root_pid, images_dir, options, report=print, cancel=None):
+        """options: engine/steps.py Options (engine/jobs.py builds them), its ref this dump's."""
         self.root_pid, self.images_dir, self.cancel = root_pid, images_dir, cancel
         self.pids = sorted(process_tree(root_pid))  # before any fork: the group's key is min(pids)
         self.report = report
-        self.ref = f"dump-{root_pid}-{time.strftime('%Y%m%dT%H%M%S')}"
-        self.options = Options(store=store, ref=self.ref, verify=verify, hold_kind="dump")
+        self.options, self.ref = options, options.ref
         self.journal = self.group = None
         self.completed = False
 
@@ -59,8 +58,7 @@ class DumpJob:
     def begin(self):
         """-> True when the tree had GPU state (then after_criu must run once CRIU exits)."""
         pids = self.pids
-        self.journal = jn.Journal.create("dump", pids, jn.DUMPING, store=self.options.store,
-                                         ref=self.ref, verify=self.options.verify,
+        self.journal = jn.Journal.create("dump", pids, jn.DUMPING, options=self.options,
                                          images_dir=self.images_dir)
         try:
             self.group = Group(pids, self.options, self.report)
@@ -72,7 +70,8 @@ class DumpJob:
             nspids = {p: control.ns_pid(p) for p in pids}
             gpus = gpu_inventory() if self.group.has_gpu_state else []
             record.write(self.images_dir, record.make(self.group, self.options.store, self.ref,
-                                                      manifest_id, gpus, nspids, control.PROTOCOL))
+                                                      manifest_id, gpus, nspids, control.PROTOCOL,
+                                                      options=self.options))
         except GroupHeld as e:
             self.journal.set(state=jn.HELD, error=str(e))
             raise

@@ -26,7 +26,7 @@ import struct
 import sys
 import traceback
 
-from ..errors import EXIT_BUG, Error, GroupHeld, Interrupted, ProcessError
+from ..errors import EXIT_BUG, Error, Failed, GroupHeld, Interrupted, ProcessError
 from . import cancel
 from .statedir import path_of
 
@@ -290,8 +290,9 @@ def _peer_uid(conn):
     return struct.unpack("3i", cred)[1]
 
 
-def finish(final, stream=sys.stderr):
-    """Turn a holder's final object into the CLI's exit: message on stderr, exit code."""
+def outcome(final):
+    """A holder's final object -> its result; Failed, with the holder's message and exit code, when
+    it failed (the entry point that called says it and exits with that code)."""
     if not final["ok"]:
-        print(f"criu-gpushare: {final['message']}", file=stream)
-        sys.exit(final["exit_code"] or EXIT_BUG)
+        raise Failed(final["message"], final["exit_code"])
+    return final["result"]

@@ -2,7 +2,9 @@
 finish or undo it without the process that began it.
 
 State files (engine/statedir.py), for a group keyed by its lowest pid K:
-  journal-K.json  the journal: kind, pids and their start times, store and ref, the group (its plan:
+  journal-K.json  the journal: kind, pids and their start times, the run's options whole
+                  ("options": store, ref, timeout, GPU map, verify, cache; the store, ref, verify
+                  and cache also beside it, as older versions wrote them), the group (its plan:
                   members, units, attachments, GPUs; the steps begun), the state, and the process
                   doing the work (the worker)
   pid-P           the claim on pid P: {"key": K, "started": P's start time}; created exclusively,
@@ -41,8 +43,14 @@ class Journal:
         return f"journal-{self.key}.json"
 
     @classmethod
-    def create(cls, kind, pids, state, **fields):
-        """Claim every pid (refusing one that another journal holds) and write the journal."""
+    def create(cls, kind, pids, state, options=None, **fields):
+        """Claim every pid (refusing one that another journal holds) and write the journal.
+        options (engine/steps.py Options): kept whole, and its store, ref, verify and cache also
+        as the fields older versions of the tool read."""
+        if options is not None:
+            fields = {"store": options.store, "ref": options.ref, "verify": options.verify,
+                      "cache": options.cache, "cache_limit": options.cache_limit,
+                      "options": options.stored(), **fields}
         pids = sorted(set(pids))
         key = min(pids)
         started = {}

@@ -10,7 +10,10 @@ their model and memory, and the processes by pid (host pid and pid in their own 
    "store": "/var/lib/criu-gpushare/store", "ref": "dump-1234-...", "manifest": "<id>",
    "gpus": [{"uuid": "GPU-...", "name": "NVIDIA H200", "memory": 150754820096}],
    "processes": [{"pid": 1234, "nspid": 1234}, ...],
-   "group": {...}}                     # engine/steps.py Group.state()
+   "group": {...},                     # engine/steps.py Group.state()
+   "options": {"store": ..., "ref": ..., "verify": true, "timeout_s": 60.0, ...}}
+                                       # the dump's options whole (engine/steps.py Options);
+                                       # records without it (older dumps) are read the same
 
 Written atomically and durably; read back with every field checked (ImageError names what is
 wrong), never through a symbolic link, and only from a regular file of root's or the reader's.
@@ -34,13 +37,16 @@ _REQUIRED = {"format": int, "gpu_state": bool, "store": str, "ref": str, "gpus":
              "processes": list, "group": dict}
 
 
-def make(group, store, ref, manifest_id, gpus, nspids, protocol):
-    return {"format": FORMAT, "tool": __version__, "protocol": protocol, "created": time.time(),
-            # the store as the settings give it: an absolute path, or an s3:// URL (config.py)
-            "gpu_state": group.has_gpu_state, "store": store, "ref": ref,
-            "manifest": manifest_id, "gpus": gpus,
-            "processes": [{"pid": p, "nspid": nspids.get(p, p)} for p in group.pids],
-            "group": group.state()}
+def make(group, store, ref, manifest_id, gpus, nspids, protocol, options=None):
+    rec = {"format": FORMAT, "tool": __version__, "protocol": protocol, "created": time.time(),
+           # the store as the settings give it: an absolute path, or an s3:// URL (config.py)
+           "gpu_state": group.has_gpu_state, "store": store, "ref": ref,
+           "manifest": manifest_id, "gpus": gpus,
+           "processes": [{"pid": p, "nspid": nspids.get(p, p)} for p in group.pids],
+           "group": group.state()}
+    if options is not None:  # what the dump ran with; a restore reads only its store and ref
+        rec["options"] = options.stored()
+    return rec
 
 
 def write(images_dir, record):

@@ -16,27 +16,28 @@ from ..shimctl import client as control
 from ..shimctl.processes import process_tree
 from ..store.backend import open_store
 from . import journal as jn, plan, record
-from .steps import Group, Options, check_readable
+from .steps import Group, check_readable
 from .suspension import resume_group
 
 
 def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
-    """The image's record when it has GPU state to bring back, else None; ImageError/StoreError
-    saying what is wrong. has_libcuda() tells whether an image without a record needs one."""
+    """(the image's record, its manifest) when it has GPU state to bring back, else (None, None);
+    ImageError/StoreError saying what is wrong. has_libcuda() tells whether an image without a
+    record needs one."""
     try:
         rec = record.read(images_dir)
     except record.RecordMissing:
         if has_libcuda is not None and not has_libcuda():
-            return None  # no CUDA anywhere in the tree: nothing for us to do
+            return None, None  # no CUDA anywhere in the tree: nothing for us to do
         raise
     if not rec["gpu_state"]:
-        return None
+        return None, None
     store_path = store_path or rec["store"]
     with open_store(store_path) as store:
         manifest = store.read_manifest(store.read_ref(rec["ref"]).manifest)
         check_readable(store, manifest, rec["ref"], "nothing was restored")
     _check_gpus(images_dir, rec, gpu_map or {})
-    return rec
+    return rec, manifest
 
 
 def _check_gpus(images_dir, rec, gpu_map):
@@ -84,14 +85,13 @@ def warm_cache(rec, store_path, cache, cache_limit):
         return prefetch(store, c, refs=[rec["ref"]])
 
 
-def run(rec, root_pid, store_path=None, gpu_map=None, verify=True, report=print, cache=None,
-        cache_limit=None):
-    """Bring the GPU state of a restored tree back; -> summary. RestoreIncomplete on failure."""
+def run(rec, root_pid, options, report=print, manifest=None):
+    """Bring the GPU state of a restored tree back with `options` (engine/steps.py Options; its
+    store and ref those of the dump's record unless the settings named another store); -> summary.
+    manifest: the one check() read in this process, whose chunks it found: neither is done again.
+    RestoreIncomplete on failure."""
     state = plan.remap_state(rec["group"], pid_map(rec, root_pid))
-    options = Options(store=store_path or rec["store"], ref=rec["ref"], gpu_map=gpu_map or None,
-                      verify=verify, cache=cache, cache_limit=cache_limit)
-    group = Group.from_state(state, options, report)
-    journal = jn.Journal.create("restore", group.pids, jn.SUSPENDED, store=options.store,
-                                ref=options.ref, verify=verify, group=group.state(), cache=cache,
-                                cache_limit=cache_limit)
-    return resume_group(group, journal, verb="restore")
+    group = Group.from_state(state, options, report, manifest=manifest)
+    journal = jn.Journal.create("restore", group.pids, jn.SUSPENDED, options=options,
+                                group=group.state())
+    return resume_group(group, journal, verb="restore", checked=manifest is not None)

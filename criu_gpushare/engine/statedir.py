@@ -1,26 +1,21 @@
 """The tool's private state directory, and the only ways files in it are read and written.
 
-$CRIU_GPUSHARE_RUN_DIR if set, else /run/criu-gpushare as root, else $XDG_RUNTIME_DIR/criu-gpushare
-(or /tmp/criu-gpushare-<uid>). It must be a real directory (not a link) owned by us with mode 0700,
-so nobody else can plant files, links or sockets in it; every file in it is opened without following
-links and must be a regular file. What lives there is listed in engine/journal.py and
+Where it is: config.state_dir_path ($CRIU_GPUSHARE_RUN_DIR if set, else /run/criu-gpushare as root,
+else $XDG_RUNTIME_DIR/criu-gpushare, or /tmp/criu-gpushare-<uid>). It must be a real directory (not
+a link) owned by us with mode 0700, so nobody else can plant files, links or sockets in it; every
+file in it is opened without following links and must be a regular file. What lives there is listed in engine/journal.py and
 engine/holder.py.
 """
 import json
 import os
 import stat
 
+from ..config import state_dir_path
 from ..errors import Error, StateFileError
 
 
 def state_dir():
-    if os.environ.get("CRIU_GPUSHARE_RUN_DIR"):
-        path = os.environ["CRIU_GPUSHARE_RUN_DIR"]
-    elif os.geteuid() == 0:
-        path = "/run/criu-gpushare"
-    else:
-        base = os.environ.get("XDG_RUNTIME_DIR")
-        path = os.path.join(base, "criu-gpushare") if base else f"/tmp/criu-gpushare-{os.geteuid()}"
+    path = state_dir_path()
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:

@@ -89,6 +89,22 @@ class Options:
     cache_limit: int = None
     pin_ahead: bool = False        # the save's process loads next (a suspend's holder): CopyEngine
 
+    def stored(self):
+        """The options whole, as the journal and the image record keep them."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_stored(cls, data, **override):
+        """The options a journal kept: whole ("options"), or as older journals had them (store,
+        ref, verify, cache, cache_limit beside the other fields); `override` wins."""
+        if isinstance(data.get("options"), dict):
+            fields = {f.name for f in dataclasses.fields(cls)}
+            kept = {k: v for k, v in data["options"].items() if k in fields}
+        else:
+            kept = {"store": data["store"], "ref": data["ref"], "verify": data.get("verify", True),
+                    "cache": data.get("cache"), "cache_limit": data.get("cache_limit")}
+        return cls(**{**kept, **override})
+
 
 class Group:
     """One group being suspended, dumped or restored: its plan, and a function per step.

@@ -54,9 +54,11 @@ class SuspendWork(holder.Work):
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
 
-def resume_group(group, journal, verb="resume"):
+def resume_group(group, journal, verb="resume", checked=False):
+    """checked: this process has just checked every chunk readable (a restore's check before CRIU)."""
     t = time.monotonic()
-    group.check_loadable()  # a store that lost a chunk changes nothing
+    if not checked:
+        group.check_loadable()  # a store that lost a chunk changes nothing
     checked = time.monotonic() - t
     before = journal.state  # suspended, or held (a rollback that failed): what a failure leaves
     journal.set(state=jn.RESUMING)
@@ -107,9 +109,9 @@ def recover(journal, gpu_map=None, report=print, verify=None):
                            "is removed (the store keeps its checkpoint until `store rm`)")
     journal.adopt()
     report(f"the process that held group {journal.key} is gone; resuming from its journal")
-    options = Options(store=journal.data["store"], ref=journal.data["ref"], gpu_map=gpu_map or None,
-                      verify=journal.data.get("verify", True) if verify is None else verify,
-                      cache=journal.data.get("cache"), cache_limit=journal.data.get("cache_limit"))
+    override = {"gpu_map": gpu_map or None} if verify is None else {"gpu_map": gpu_map or None,
+                                                                     "verify": verify}
+    options = Options.from_stored(journal.data, **override)
     group = Group.from_state(journal.data["group"], options, report)
     summary = resume_group(group, journal)
     if journal.kind == "dump":

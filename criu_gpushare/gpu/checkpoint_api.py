@@ -20,6 +20,7 @@ import threading
 import time
 
 from . import driver as drv
+from ..config import state_dir_path
 from ..errors import BusyError, DriverError, Error
 
 #: The node-wide driver lock's file, in the tool's private state directory (as root).
@@ -203,15 +204,8 @@ def raise_first(results):
 
 
 def default_state_dir():
-    """The tool's private state directory, by the same rule as the engine's holder:
-    $CRIU_GPUSHARE_RUN_DIR, else /run/criu-gpushare as root, else $XDG_RUNTIME_DIR/criu-gpushare,
-    else /tmp/criu-gpushare-<uid>."""
-    if os.environ.get("CRIU_GPUSHARE_RUN_DIR"):
-        return os.environ["CRIU_GPUSHARE_RUN_DIR"]
-    if os.geteuid() == 0:
-        return os.path.dirname(DEFAULT_LOCK_PATH)
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(base, "criu-gpushare") if base else f"/tmp/criu-gpushare-{os.geteuid()}"
+    """The tool's private state directory, by the engine's rule (config.state_dir_path)."""
+    return state_dir_path()
 
 
 def open_private_dir(path):

@@ -13,11 +13,8 @@ closed the image directory by post-resume).
 import os
 import sys
 
-from ..config import load_settings
-from ..criu import images
-from ..engine import dump as dump_engine, holder, journal as jn, record, restore as restore_engine, statedir
-from ..errors import EXIT_BUG, Error, ProcessError
-from ..gpu.devices import parse_gpu_map
+from ..engine import dump as dump_engine, jobs, statedir
+from ..errors import EXIT_BUG, Error, Failed, ProcessError
 
 PREFIX = "criu-gpushare-hook"
 
@@ -45,66 +42,28 @@ def _criu_pid():
     return os.getppid()  # CRIU forks and execs its action scripts
 
 
+def _outcome(final, consequence):
+    """A holder's final object: nothing when it went well, else its error, saying what CRIU does."""
+    if final is not None and not final["ok"]:
+        raise Failed(f"{final['message']} ({consequence})", final["exit_code"])
+
+
 # -- dump ------------------------------------------------------------------------------------
-
-
-class _DumpWork(holder.Work):
-    """The holder of one CRIU dump: its GPU steps, then a watch on the CRIU process."""
-
-    def __init__(self, job, criu_pid):
-        self.job, self.criu_pid = job, criu_pid
-        # the journal's key: `resume PID` of any process of the tree finds this holder
-        self.key, self.pids = min(job.pids), job.pids
-        self.criu_fd = None
-
-    def begin(self, report):
-        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
-        self.job.set_report(report)
-        if not self.job.begin():
-            return {"gpu_state": False}, False
-        return {"gpu_state": True, "ref": self.job.ref}, True
-
-    def watched_fd(self):
-        return self.criu_fd
-
-    def on_event(self, report):
-        self.job.set_report(report)
-        try:
-            self.job.after_criu()
-        except Error as e:
-            report(f"after the dump: {e}")
-        return False
-
-    def handle(self, cmd, fields, report):
-        if cmd == "post-dump":
-            self.job.set_report(report)
-            self.job.complete()
-            return {"completed": True}, True
-        raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
 
 def pre_dump(action):
     root = _init_pid()
     if not dump_engine.cuda_pids(root):
         return 0  # nothing of ours in this tree
-    settings = load_settings({})
-    job = dump_engine.DumpJob(root, _images_dir(), settings.store, verify=settings.verify,
-                              report=lambda m: None)
-    final = holder.start(_DumpWork(job, _criu_pid()), on_progress=lambda m: _say(action, m))
-    if not final["ok"]:
-        _say(action, f"{final['message']} (CRIU aborts the dump; the tasks keep running)")
-        return final["exit_code"] or EXIT_BUG
+    job = jobs.Dump(root, _images_dir(), jobs.load_settings(), report=lambda m: None)
+    _outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
+             "CRIU aborts the dump; the tasks keep running")
     return 0
 
 
 def post_dump(action):
-    journal = jn.owner_of(_init_pid())
-    if journal is None or journal.kind != "dump":
-        return 0
-    final = holder.ask(journal.key, "post-dump", on_progress=lambda m: _say(action, m))
-    if not final["ok"]:
-        _say(action, f"{final['message']} (CRIU fails the dump and leaves the tasks running)")
-        return final["exit_code"] or EXIT_BUG
+    _outcome(jobs.Dump.complete(_init_pid(), report=lambda m: _say(action, m)),
+             "CRIU fails the dump and leaves the tasks running")
     return 0
 
 
@@ -115,24 +74,17 @@ def _restore_state():
     return f"restore-{_criu_pid()}.json"
 
 
-def _restore_settings():
-    """(store given by the settings or None: the record's, GPU map, settings) for a restore."""
-    settings = load_settings({})
-    store = settings.store if settings.origin.get("store") != "default" else None
-    return store, _gpu_map_env(), settings
-
-
 def pre_restore(action):
     images_dir = _images_dir()
-    store, gpu_map, settings = _restore_settings()
-    rec = restore_engine.check(images_dir, store, gpu_map, lambda: images.maps_libcuda(images_dir))
-    if rec is None:
+    job = jobs.Restore(images_dir, jobs.load_settings(), report=lambda m: _say(action, m))
+    if not job.check():
         return 0
-    if settings.cache:
-        warmed = restore_engine.warm_cache(rec, store, settings.cache, settings.cache_limit)
-        _say(action, f"node cache {settings.cache}: {warmed.fetched} chunk(s) fetched")
+    fetched = job.warm_cache()
+    if fetched is not None:
+        _say(action, f"node cache {job.settings.cache}: {fetched} chunk(s) fetched")
+    rec = job.record
     _say(action, f"image {images_dir}: GPU state of {len(rec['processes'])} process(es) in "
-                 f"{store or rec['store']} ({rec['ref']}), every chunk present")
+                 f"{job.store or rec['store']} ({rec['ref']}), every chunk present")
     return 0
 
 
@@ -140,18 +92,9 @@ def post_restore(action):
     """The tasks are restored: what post-resume needs goes into the state dir now, not at
     pre-restore, since CRIU runs no action when it fails in between (a pid taken, a damaged image)
     and a state file written earlier would outlive that restore."""
-    images_dir = _images_dir()
-    try:
-        rec = record.read(images_dir)
-    except record.RecordMissing:
-        return 0  # pre-restore let it through: nothing of ours in the tree
-    if not rec["gpu_state"]:
-        return 0
-    store, gpu_map, settings = _restore_settings()
-    statedir.write_json(_restore_state(), {"record": rec, "store": store, "gpu_map": gpu_map,
-                                            "verify": settings.verify, "images_dir": images_dir,
-                                            "cache": settings.cache, "cache_limit": settings.cache_limit,
-                                            "root": _init_pid()})
+    job = jobs.Restore(_images_dir(), jobs.load_settings(), report=lambda m: _say(action, m))
+    if job.read_record():
+        job.save(_restore_state(), root=_init_pid())
     return 0
 
 
@@ -162,26 +105,14 @@ def post_resume(action):
     statedir.remove(_restore_state())
     root = state["root"]
     try:
-        summary = restore_engine.run(state["record"], root, state["store"], state["gpu_map"],
-                                     state["verify"], report=lambda m: _say(action, m),
-                                     cache=state.get("cache"), cache_limit=state.get("cache_limit"))
+        summary = jobs.Restore.run_saved(state, root, report=lambda m: _say(action, m))
     except Error as e:
         # CRIU only logs post-resume's exit and reports the restore as a success: say it here.
-        _say(action, f"FAILED: GPU state NOT restored (the restore of pid {root}'s tree is not "
+        raise Failed(f"FAILED: GPU state NOT restored (the restore of pid {root}'s tree is not "
                      f"complete, whatever CRIU reports): {e}. `criu-gpushare status {root}` shows "
-                     f"it; fix the cause, then `criu-gpushare resume {root}`")
-        return e.exit_code
+                     f"it; fix the cause, then `criu-gpushare resume {root}`", e.exit_code) from e
     _say(action, f"GPU state of {len(summary['pids'])} process(es) is back")
     return 0
-
-
-def _gpu_map_env():
-    """CRIU_GPUSHARE_GPU_MAP="OLD=NEW,...": --gpu-map for restores run by CRIU itself."""
-    items = list(filter(None, os.environ.get("CRIU_GPUSHARE_GPU_MAP", "").split(",")))
-    try:
-        return parse_gpu_map(items)
-    except ValueError as e:
-        raise ProcessError("CRIU_GPUSHARE_GPU_MAP", str(e)) from None
 
 
 # In CRIU's order of actions (hooks/README.md has one row each).

@@ -79,6 +79,30 @@ def test_hook_dump_leave_running_gives_the_gpu_state_back(env, tree, tmp_path, c
     assert_back(env, a, b)
 
 
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_the_same_settings_give_the_same_options_through_the_command_and_the_hook(env, tree, tmp_path, criu):
+    """Settings from the environment (a store, verify off, a node cache) reach a dump through
+    `criu-gpushare dump` and through the hook alike: the image records hold the same options."""
+    parent, a, b = tree
+    store = tmp_path / "other-store"
+    env = dict(env, tool=dict(env["tool"], CRIU_GPUSHARE_STORE=str(store), CRIU_GPUSHARE_VERIFY="0",
+                              CRIU_GPUSHARE_CACHE=str(tmp_path / "cache")))
+    r = cli(env, "dump", parent.pid, tmp_path / "by-command", "--leave-running")
+    assert r.returncode == 0, r.stderr
+    images, r = hook_dump(criu, env, parent, tmp_path, "--leave-running")
+    assert r.returncode == 0, (images / "dump.log").read_text()[-4000:]
+    wait_gone(env)
+    options = []
+    for where in (tmp_path / "by-command", images):
+        record = json.loads((where / RECORD_NAME).read_text())
+        assert record["options"]["ref"] == record["ref"]
+        options.append({k: v for k, v in record["options"].items() if k != "ref"})
+    assert options[0] == options[1]
+    assert options[0]["store"] == str(store) and options[0]["verify"] is False
+    assert options[0]["timeout_s"] == 60.0 and options[0]["hold_kind"] == "dump"
+    assert_back(env, a, b)
+
+
 def test_ipc_handles_from_before_the_dump_open_in_a_new_importer(env, tree, tmp_path):
     """CUDA IPC handles taken before a dump open after the restore in a process started then: of
     memory below the backing threshold (the driver's own, which its checkpoint restores; the
@@ -138,14 +162,21 @@ def test_restore_refuses_a_gpu_that_is_not_here(env, tree, tmp_path):
     assert_nothing_restored(*tree[1:])
 
 
-def test_an_image_and_its_store_move_elsewhere(env, tree, tmp_path):
+@pytest.mark.parametrize("named_by", ["flag", "environment"])
+def test_an_image_and_its_store_move_elsewhere(env, tree, tmp_path, named_by):
+    """The moved store named by --store, or by CRIU_GPUSHARE_STORE as the hook reads it: either
+    comes before the store the dump recorded."""
     parent, a, b = tree
     images, _ = dumped(env, tree, tmp_path)
     moved = tmp_path / "moved"
     moved.mkdir()
     shutil.move(str(images), moved / "images")
     shutil.move(str(tmp_path / "store"), moved / "store")
-    r = cli(env, "restore", moved / "images", "--store", moved / "store")
+    if named_by == "flag":
+        r = cli(env, "restore", moved / "images", "--store", moved / "store")
+    else:
+        r = cli(dict(env, tool=dict(env["tool"], CRIU_GPUSHARE_STORE=str(moved / "store"))),
+                "restore", moved / "images")
     assert r.returncode == 0, r.stderr
     a.wait_ready()
     assert_back(env, a, b)

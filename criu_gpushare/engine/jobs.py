@@ -1,0 +1,332 @@
+"""The jobs: suspend, resume, dump and restore, each built once here from one Settings, whichever
+door calls it: the commands (cli/suspend.py, cli/checkpoint.py) or the CRIU action script
+(hook/main.py). A door parses what it is given, loads the settings, calls a job and prints what it
+returns; an error goes up to the door's one catch, which exits with its code (errors.py).
+
+Settings (load_settings): each comes from the first of these that gives it, through every door:
+  1. a flag of the command: --store, --timeout (suspend), --gpu-map (resume, restore). The hook has
+     none: CRIU runs it without arguments, and CRIU's environment gives what the command line
+     would (CRTOOLS_INIT_PID the PID, CRTOOLS_IMAGE_DIR the DIR)
+  2. the environment: CRIU_GPUSHARE_STORE, CRIU_GPUSHARE_CACHE, CRIU_GPUSHARE_CACHE_LIMIT,
+     CRIU_GPUSHARE_GC_GRACE, CRIU_GPUSHARE_VERIFY (config.py), CRIU_GPUSHARE_GPU_MAP
+     ("OLD=NEW,...")
+  3. the config file (config.py)
+  4. for a restore's store, the one its dump recorded in the image; else the default
+A run's options (engine/steps.py Options) are made from the settings here only, and kept whole in
+its journal and, for a dump, in the image's record.
+"""
+import dataclasses
+import os
+import shutil
+import time
+
+from ..config import ENV_GPU_MAP, load_settings as load_store_settings
+from ..criu import images, libdir, rpc
+from ..errors import Cancelled, Error, Interrupted, ProcessError
+from ..gpu.devices import parse_gpu_map
+from ..shimctl.processes import process_tree, uses_cuda
+from . import cancel, dump, holder, journal as jn, record as image_record, restore, statedir, suspension
+from .steps import Options
+
+
+def load_settings(flags=None, environ=None):
+    """Every setting of a job (config.Settings), resolved in the order above. `flags` maps setting
+    names (store, cache, cache_limit, gc_grace_s, verify, timeout_s, gpu_map) to command-line
+    values, already parsed; None is unset."""
+    flags = {k: v for k, v in (flags or {}).items() if v is not None}
+    environ = os.environ if environ is None else environ
+    own = ("timeout_s", "gpu_map")
+    settings = load_store_settings({k: v for k, v in flags.items() if k not in own}, environ)
+    origin, more = dict(settings.origin), {}
+    for name in own:
+        if name in flags:
+            more[name], origin[name] = flags[name], "flag"
+        elif name == "gpu_map" and environ.get(ENV_GPU_MAP):
+            more[name], origin[name] = _gpu_map_env(environ[ENV_GPU_MAP]), f"env {ENV_GPU_MAP}"
+        else:
+            origin[name] = "default"
+    return dataclasses.replace(settings, origin=origin, **more)
+
+
+def _gpu_map_env(value):
+    try:
+        return parse_gpu_map(list(filter(None, value.split(","))))
+    except ValueError as e:
+        raise ProcessError(ENV_GPU_MAP, str(e)) from None
+
+
+def _options(settings, ref, **more):
+    """A run's options from its settings: the one place they are made."""
+    fields = {"store": settings.store, "timeout_s": settings.timeout_s, "ref": ref,
+              "verify": settings.verify, "cache": settings.cache, "cache_limit": settings.cache_limit}
+    return Options(**{**fields, **more})
+
+
+def _ref(kind, pid):
+    return f"{kind}-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+
+
+# -- suspend, resume ---------------------------------------------------------------------------
+
+
+def _no_mark(phase):
+    pass
+
+
+def suspend(pids, settings, tree=False, report=print, mark=_no_mark):
+    """Suspend the processes pids (with tree, every descendant too) in a holder; -> its final
+    object (engine/holder.py; "interrupted" when a Ctrl-C came meanwhile). mark(phase): called
+    as each phase of this process ends (the command's phase clock)."""
+    out = []
+    for pid in pids:
+        if not os.path.exists(f"/proc/{pid}"):
+            raise ProcessError(pid, "no such process")
+        out.extend(process_tree(pid) if tree else [pid])
+    pids = sorted(set(out))
+    if not any(uses_cuda(pid) for pid in pids):
+        raise ProcessError(", ".join(map(str, pids)), "does not use CUDA: nothing to suspend")
+    options = _options(settings, _ref("suspend", min(pids)))
+    journal = jn.Journal.create("suspend", pids, jn.SUSPENDING, options=options)
+    mark("check (pids, settings, journal)")
+    return holder.start(suspension.SuspendWork(journal, options), on_progress=report, cancellable=True)
+
+
+def resume(pids, settings, report=print, mark=_no_mark):
+    """Resume the suspended group of pids (any of its pids will do); -> the final object. The GPU
+    map and verify are this command's settings; the store and cache those of the suspend."""
+    journals = {}
+    for pid in pids:
+        j = jn.owner_of(pid)
+        if j is None:
+            raise ProcessError(pid, "is not suspended by criu-gpushare")
+        journals[j.key] = j
+    if len(journals) > 1:
+        raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
+    (journal,) = journals.values()
+    mark("check (pids, journal)")
+    return suspension.resume(journal, settings.gpu_map, report=report, verify=settings.verify)
+
+
+# -- dump ----------------------------------------------------------------------------------------
+
+
+def _criu_options(criu, **more):
+    """CRIU's options for one request (rpc.CriuOptions) and the plugin directory made for it (to
+    remove after): CRIU's CUDA plugin must not touch our tasks."""
+    plugins = libdir.plugin_dir_without_cuda()
+    return rpc.CriuOptions(libdir=plugins, **criu, **more), plugins
+
+
+class Dump:
+    """A dump of pid's tree into images_dir: by CRIU's RPC in this process (run), or the GPU side
+    only, in a holder, for CRIU that runs the hook (start_holder, complete)."""
+
+    def __init__(self, pid, images_dir, settings, report=print, cancel_=None):
+        self.pid, self.images_dir, self.settings, self.report = pid, images_dir, settings, report
+        # A dump reads no chunk: the node cache is left alone.
+        options = _options(settings, _ref("dump", pid), hold_kind="dump", cache=None, cache_limit=None)
+        self.job = dump.DumpJob(pid, images_dir, options, report=report, cancel=cancel_)
+
+    @classmethod
+    def of_command(cls, pid, images_dir, settings, report=print):
+        """`criu-gpushare dump PID DIR`: DIR made, and named by its real path."""
+        if not os.path.exists(f"/proc/{pid}"):
+            raise ProcessError(pid, "no such process")
+        os.makedirs(images_dir, exist_ok=True)
+        return cls(pid, os.path.realpath(images_dir), settings, report, cancel.Cancel())
+
+    def run(self, criu, clock):
+        """CRIU's dump, the GPU steps at its notifications; -> the summary. criu: CRIU's options
+        (rpc.CriuOptions fields); clock: marks the phases (cli/phases.py PhaseClock)."""
+        pid, images_dir, job, interrupt = self.pid, self.images_dir, self.job, self.job.cancel
+        options, plugins = _criu_options(criu)
+        state = {"gpu": False}
+
+        def on_notify(action, _pid):
+            if action == "pre-dump":
+                clock.mark("criu start")
+                state["gpu"] = job.begin()
+                clock.absorb(job.group.phases() if state["gpu"] else {}, "gpu out: plan, journal, record")
+            elif action == "post-dump":
+                if interrupt.requested():  # CRIU then fails the dump and lets the tree run on
+                    raise Cancelled(f"dump of {pid} cancelled by an interrupt at CRIU's post-dump: the "
+                                    "tree runs on as before")
+                if state["gpu"]:
+                    clock.mark("criu dump (freeze, memory, images)")
+                    job.complete()
+                    clock.mark("store sync (post-dump)")
+
+        def first_interrupt():
+            interrupt.request()
+            self.report("interrupt: cancelling the dump at its next step (or at CRIU's post-dump), "
+                        "then rolling back (Ctrl-C again interrupts the step at once)")
+
+        try:
+            with cancel.on_interrupt(first_interrupt):
+                criu_ok = False
+                try:
+                    rpc.dump(images_dir, pid, options, on_notify)
+                    criu_ok = True
+                    clock.mark("criu finish")
+                finally:
+                    if plugins:
+                        shutil.rmtree(plugins, ignore_errors=True)
+                    if state["gpu"]:
+                        job.after_criu(criu_ok)
+                        clock.mark("gpu back (tasks run on)")
+        except KeyboardInterrupt:  # the second Ctrl-C, in CRIU's dump: CRIU was stopped, the tree let go
+            raise Cancelled(f"dump of {pid} interrupted: CRIU was stopped, the tree runs on as "
+                            "before") from None
+        if interrupt.requested():
+            raise Interrupted(f"the interrupt came once the dump was done: {images_dir} holds it"
+                              + ("" if options.leave_running else " and the tree has ended"))
+        summary = (job.group.summary("dumped") if state["gpu"]
+                   else {"state": "dumped", "pids": [], "seconds": {}})
+        summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "dump"))
+        summary.update(images_dir=images_dir, image_bytes=_image_bytes(images_dir),
+                       gpu_state=state["gpu"], left_running=options.leave_running)
+        if state["gpu"]:
+            summary.update(store=self.settings.store, ref=job.ref)
+        return summary
+
+    def start_holder(self, criu_pid, report):
+        """The hook's pre-dump: the GPU steps in a holder that then watches CRIU (pid criu_pid);
+        -> the holder's final object."""
+        return holder.start(_CriuDumpWork(self.job, criu_pid), on_progress=report)
+
+    @staticmethod
+    def complete(pid, report):
+        """The hook's post-dump: the holder of pid's dump makes the store durable; -> its final
+        object, or None when no dump of ours holds pid."""
+        journal = jn.owner_of(pid)
+        if journal is None or journal.kind != "dump":
+            return None
+        return holder.ask(journal.key, "post-dump", on_progress=report)
+
+
+class _CriuDumpWork(holder.Work):
+    """The holder of one CRIU dump run by the hook: its GPU steps, then a watch on the CRIU
+    process."""
+
+    def __init__(self, job, criu_pid):
+        self.job, self.criu_pid = job, criu_pid
+        # the journal's key: `resume PID` of any process of the tree finds this holder
+        self.key, self.pids = min(job.pids), job.pids
+        self.criu_fd = None
+
+    def begin(self, report):
+        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
+        self.job.set_report(report)
+        if not self.job.begin():
+            return {"gpu_state": False}, False
+        return {"gpu_state": True, "ref": self.job.ref}, True
+
+    def watched_fd(self):
+        return self.criu_fd
+
+    def on_event(self, report):
+        self.job.set_report(report)
+        try:
+            self.job.after_criu()
+        except Error as e:
+            report(f"after the dump: {e}")
+        return False
+
+    def handle(self, cmd, fields, report):
+        if cmd == "post-dump":
+            self.job.set_report(report)
+            self.job.complete()
+            return {"completed": True}, True
+        raise ProcessError(self.key, f"unknown holder command {cmd!r}")
+
+
+def _image_bytes(images_dir):
+    return sum(e.stat().st_size for e in os.scandir(images_dir) if e.is_file())
+
+
+# -- restore -------------------------------------------------------------------------------------
+
+
+class Restore:
+    """The restore of images_dir: by CRIU's RPC in this process (run_criu), or the GPU side only
+    for CRIU that runs the hook (check at pre-restore, kept in a state file, run at post-resume)."""
+
+    def __init__(self, images_dir, settings, report=print):
+        self.images_dir, self.settings, self.report = images_dir, settings, report
+        # The dump's recorded store unless a flag, the environment or the config file names one.
+        self.store = settings.store if settings.origin.get("store") != "default" else None
+        self.record = self.manifest = None
+
+    def check(self):
+        """Before CRIU restores anything: the image, the store, the GPUs (engine/restore.py);
+        -> whether there is GPU state to bring back."""
+        self.record, self.manifest = restore.check(self.images_dir, self.store, self.settings.gpu_map,
+                                                   lambda: images.maps_libcuda(self.images_dir))
+        return self.record is not None
+
+    def read_record(self):
+        """The image's record, read again where check() ran in another process (the hook's
+        pre-restore); -> whether there is GPU state to bring back."""
+        try:
+            rec = image_record.read(self.images_dir)
+        except image_record.RecordMissing:
+            return False  # pre-restore let it through: nothing of ours in the tree
+        self.record = rec if rec["gpu_state"] else None
+        return self.record is not None
+
+    def options(self):
+        rec = self.record
+        return _options(self.settings, rec["ref"], store=self.store or rec["store"],
+                        gpu_map=self.settings.gpu_map or None)
+
+    def run(self, root):
+        """The tree of root runs (CRIU restored it): its GPU state back; -> the summary."""
+        return restore.run(self.record, root, self.options(), report=self.report, manifest=self.manifest)
+
+    def run_criu(self, criu, clock):
+        """`criu-gpushare restore DIR`: check, CRIU's restore, the GPU state; -> the summary."""
+        images_dir = self.images_dir
+        try:
+            self.check()
+        except KeyboardInterrupt:
+            raise Cancelled(f"restore of {images_dir} interrupted before CRIU began: nothing was "
+                            "restored") from None
+        options, plugins = _criu_options(criu)
+        clock.mark("check (image, store, GPUs)")
+        # Once CRIU restores, nothing takes it back: an interrupt says so and the restore goes on.
+        with cancel.on_interrupt(lambda: self.report(cancel.GOES_ON.format("restore"))):
+            try:
+                root = rpc.restore(images_dir, options)
+                clock.mark("criu restore (processes, host memory)")
+            finally:
+                if plugins:
+                    shutil.rmtree(plugins, ignore_errors=True)
+            summary = {"state": "restored", "pid": root, "pids": [], "seconds": {},
+                       "gpu_state": self.record is not None}
+            if self.record is not None:
+                summary.update(self.run(root))
+                summary["pid"] = root
+                clock.absorb(summary.get("phases", {}), "gpu back: plan, journal")
+        summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
+        return summary
+
+    def warm_cache(self):
+        """The hook's pre-restore: the node cache filled with what the restore will read; -> the
+        number of chunks fetched, or None without a cache."""
+        if not self.settings.cache:
+            return None
+        return restore.warm_cache(self.record, self.store, self.settings.cache,
+                                  self.settings.cache_limit).fetched
+
+    def save(self, name, root):
+        """Kept from the hook's post-restore to its post-resume (another process; CRIU has closed
+        the image directory by then): the record, the options whole and the restored root. Not
+        at pre-restore: CRIU runs no action when it fails in between (a pid taken, a damaged
+        image), and a state file written earlier would outlive that restore."""
+        statedir.write_json(name, {"record": self.record, "images_dir": self.images_dir,
+                                   "options": self.options().stored(), "root": root})
+
+    @staticmethod
+    def run_saved(state, root, report):
+        """The hook's post-resume: the GPU state of root's tree back as saved; -> the summary."""
+        return restore.run(state["record"], root, Options.from_stored(state), report=report)

@@ -1,0 +1,82 @@
+"""engine/jobs.py: one order for every setting, whichever door loads it (flag, environment, config
+file, default; a restore's store from the dump's record last); run options kept whole and read back
+from older journals; the engine never exits the process itself."""
+import os
+import re
+
+import pytest
+
+from criu_gpushare.engine import jobs
+from criu_gpushare.engine.steps import Options
+from criu_gpushare.errors import ProcessError
+
+GPU_A = "GPU-00000000-0000-0000-0000-00000000000a"
+GPU_B = "GPU-00000000-0000-0000-0000-00000000000b"
+GPU_C = "GPU-00000000-0000-0000-0000-00000000000c"
+
+
+@pytest.fixture
+def config(tmp_path):
+    path = tmp_path / "config.toml"
+    path.write_text('[store]\npath = "/from/file"\nverify = false\n[cache]\npath = "/cache/file"\n')
+    return {"CRIU_GPUSHARE_CONFIG": str(path)}
+
+
+def test_a_flag_comes_before_the_environment_before_the_file_before_the_default(config):
+    env = dict(config, CRIU_GPUSHARE_STORE="/from/env", CRIU_GPUSHARE_GPU_MAP=f"{GPU_A}={GPU_B}")
+    s = jobs.load_settings({"store": "/from/flag", "gpu_map": {GPU_A: GPU_C}, "timeout_s": 5.0}, env)
+    assert (s.store, s.gpu_map, s.timeout_s) == ("/from/flag", {GPU_A: GPU_C}, 5.0)
+    assert s.origin["store"] == s.origin["gpu_map"] == s.origin["timeout_s"] == "flag"
+
+    s = jobs.load_settings({"store": None, "gpu_map": None}, env)  # flags not given
+    assert (s.store, s.gpu_map) == ("/from/env", {GPU_A: GPU_B})
+    assert s.origin["store"] == "env CRIU_GPUSHARE_STORE" and s.origin["gpu_map"] == "env CRIU_GPUSHARE_GPU_MAP"
+
+    s = jobs.load_settings({}, config)
+    assert (s.store, s.verify, s.cache) == ("/from/file", False, "/cache/file")
+    assert s.origin["store"].endswith("[store] path")
+
+    s = jobs.load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull})
+    assert (s.store, s.verify, s.cache, s.timeout_s, s.gpu_map) == \
+        ("/var/lib/criu-gpushare/store", True, None, 60.0, {})
+    assert set(s.origin.values()) == {"default"}
+
+
+def test_a_bad_gpu_map_in_the_environment_is_named():
+    with pytest.raises(ProcessError, match="CRIU_GPUSHARE_GPU_MAP"):
+        jobs.load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull, "CRIU_GPUSHARE_GPU_MAP": "nonsense"})
+
+
+@pytest.mark.parametrize("given, expected", [
+    ({"flags": {"store": "/flag"}}, "/flag"),
+    ({"env": {"CRIU_GPUSHARE_STORE": "/env"}}, "/env"),
+    ({"file": True}, "/from/file"),
+    ({}, None),  # the dump's record decides
+])
+def test_a_restore_reads_the_dumps_store_only_when_no_setting_names_one(given, expected, config):
+    env = dict(config if given.get("file") else {"CRIU_GPUSHARE_CONFIG": os.devnull}, **given.get("env", {}))
+    job = jobs.Restore("/images", jobs.load_settings(given.get("flags"), env))
+    assert job.store == expected
+    job.record = {"store": "/recorded", "ref": "dump-1-x"}
+    assert job.options().store == (expected or "/recorded")
+
+
+def test_options_are_kept_whole_and_read_back_from_older_journals():
+    opts = Options(store="/s", ref="r", timeout_s=5.0, verify=False, cache="/c", cache_limit=10,
+                   gpu_map={GPU_A: GPU_B})
+    assert Options.from_stored({"options": opts.stored()}) == opts
+    older = {"store": "/s", "ref": "r", "verify": False, "cache": "/c", "cache_limit": 10}
+    assert Options.from_stored(older, gpu_map={GPU_A: GPU_B}) == Options(
+        store="/s", ref="r", verify=False, cache="/c", cache_limit=10, gpu_map={GPU_A: GPU_B})
+
+
+def test_nothing_under_engine_exits_the_process():
+    """Errors carry their exit codes up to the entry point (cli/__init__.py, hook/main.py), which
+    catches once: no module of the engine ends the process on its own."""
+    engine = os.path.join(os.path.dirname(jobs.__file__))
+    found = []
+    for name in sorted(os.listdir(engine)):
+        if name.endswith(".py"):
+            text = open(os.path.join(engine, name)).read()
+            found += [f"{name}: {m.group(0)}" for m in re.finditer(r"\bsys\.exit\b|\bexit\(", text)]
+    assert not found, found
