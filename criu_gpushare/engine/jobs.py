@@ -104,7 +104,10 @@ def resume(pids, settings, report=print, mark=_no_mark):
         raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
     (journal,) = journals.values()
     mark("check (pids, journal)")
-    return suspension.resume(journal, settings.gpu_map, report=report, verify=settings.verify)
+    # a dump's journal: the ref of a dump CRIU did not finish is dropped (engine/dump.py)
+    on_recovered = dump.forget_if_failed if journal.kind == "dump" else None
+    return suspension.resume(journal, settings.gpu_map, report=report, verify=settings.verify,
+                             on_recovered=on_recovered)
 
 
 # -- dump ----------------------------------------------------------------------------------------

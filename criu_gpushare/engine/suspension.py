@@ -74,11 +74,12 @@ def resume_group(group, journal, verb="resume", checked=False):
     return group.summary("resumed")
 
 
-def resume(journal, gpu_map=None, report=print, verify=None):
+def resume(journal, gpu_map=None, report=print, verify=None, on_recovered=None):
     """Resume the journal's group: through its holder if one runs, else here from the journal
     (a holder killed at any phase loses nothing: the plan and the steps begun are in the journal,
     the memory in the store). Returns the holder's final object; raises the error a failed
-    resume here leaves."""
+    resume here leaves. on_recovered(journal): run once a group is resumed here from its journal
+    (what its kind of work still owes: engine/dump.py's forget_if_failed)."""
     if journal.worker_alive():
         try:
             final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {},
@@ -93,10 +94,11 @@ def resume(journal, gpu_map=None, report=print, verify=None):
                               f"{journal.key}` shows when it is done") from None
         return final
     with cancel.on_interrupt(lambda: report(cancel.GOES_ON.format("resume"))):
-        return {"event": "done", "ok": True, "result": recover(journal, gpu_map, report, verify)}
+        return {"event": "done", "ok": True,
+                "result": recover(journal, gpu_map, report, verify, on_recovered)}
 
 
-def recover(journal, gpu_map=None, report=print, verify=None):
+def recover(journal, gpu_map=None, report=print, verify=None, on_recovered=None):
     """Finish or undo the journal's work in this process (its worker is gone)."""
     if "group" not in journal.data:  # died before its plan was made: nothing was changed
         journal.close()
@@ -114,7 +116,6 @@ def recover(journal, gpu_map=None, report=print, verify=None):
     options = Options.from_stored(journal.data, **override)
     group = Group.from_state(journal.data["group"], options, report)
     summary = resume_group(group, journal)
-    if journal.kind == "dump":
-        from .dump import forget_if_failed  # dump.py builds on this module
-        forget_if_failed(journal)
+    if on_recovered is not None:
+        on_recovered(journal)
     return summary
