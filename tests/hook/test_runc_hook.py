@@ -16,7 +16,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -43,22 +42,15 @@ def cli(env, *args):
                           capture_output=True, text=True, timeout=60)
 
 
-@pytest.fixture
-def cuda_box(env, tmp_path, criu):
-    if RUNC is None:
-        pytest.skip("runc is not installed (Debian: apt-get install runc)")
-    if HOOK is None:
-        pytest.skip("criu-gpushare-hook is not on PATH (package not installed)")
+def gpu_container(env, tmp_path, prefix):
+    """A started container whose init is a socket-served workload under the shim: (box, client)."""
     conf = tmp_path / "runc.conf"
     conf.write_text(open(os.path.join(REPO, "hooks", "runc.conf")).read()
                     .replace("/usr/local/bin/criu-gpushare-hook", HOOK))
     ctl = tmp_path / "ctl"
     ctl.mkdir()
     fake_state = env["app"]["FAKECUDA_STATE"]  # the fake driver's shared state: the hook's and the workload's
-    view = cgroup2_view()
-    if view is None:
-        pytest.skip("no cgroup v2 hierarchy on this host (see test_runc_hook's docstring: cgroup v1)")
-    box = Container(tmp_path, str(conf), env=env["tool"], prefix=view)
+    box = Container(tmp_path, str(conf), env=env["tool"], prefix=prefix)
     app = env["app"]
     box.configure([sys.executable, LC_WORKLOAD, "--socket", ctl / "w.sock"],
                   [f"{k}={app[k]}" for k in ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD", "FAKECUDA_STATE",
@@ -69,9 +61,30 @@ def cuda_box(env, tmp_path, criu):
     if started.returncode != 0:
         box.remove()
         pytest.skip(f"runc cannot start a container here (cgroups?): {started.stderr.strip()[-500:]}")
+    client = Client(ctl / "w.sock", box.pid())
     try:
-        client = Client(ctl / "w.sock", box.pid())
         client.wait_ready()
+    except AssertionError:
+        box.remove()
+        raise
+    return box, client
+
+
+def needs_runc():
+    if RUNC is None:
+        pytest.skip("runc is not installed (Debian: apt-get install runc)")
+    if HOOK is None:
+        pytest.skip("criu-gpushare-hook is not on PATH (package not installed)")
+
+
+@pytest.fixture
+def cuda_box(env, tmp_path, criu):
+    needs_runc()
+    view = cgroup2_view()
+    if view is None:
+        pytest.skip("no cgroup v2 hierarchy on this host (see test_runc_hook's docstring: cgroup v1)")
+    box, client = gpu_container(env, tmp_path, view)
+    try:
         yield box, client
     finally:
         box.remove()
@@ -113,3 +126,26 @@ def cycle_through_runc(box, w, env, images, cycle):
     assert not [n for n in os.listdir(env["run"]) if n.startswith(("journal-", "restore-"))]
     write(w, "buf", 43 + cycle)  # the restored process computes on its memory
     write(w, "vmm", 8 + cycle)
+
+
+def test_runc_checkpoint_on_a_cgroup_v1_freezer_is_refused_before_anything_changes(env, tmp_path, criu):
+    """On a cgroup v1 host runc lets CRIU freeze the container's v1 freezer cgroup, and CRIU then
+    hangs for good on a stopped process (the dump hands checkpointed processes over stopped): the
+    hook refuses at pre-dump instead, and the container runs on with its GPU memory."""
+    needs_runc()
+    if cgroup2_view() == [] or not os.path.isdir("/sys/fs/cgroup/freezer"):
+        pytest.skip("not a cgroup v1 host: runc uses cgroup v2 here (the other test covers it)")
+    box, w = gpu_container(env, tmp_path, [])
+    try:
+        w.do(f"malloc buf {4 * MIB}")
+        write(w, "buf", 42)
+        images = tmp_path / "images"
+        r = box.runc("checkpoint", "--image-path", str(images), box.id, check=False)
+        assert r.returncode != 0
+        log = (images / "dump.log").read_text()
+        assert "is in the cgroup v1 freezer cgroup" in log and "cgroup v2 host" in log, box.explain(images)
+        assert box.pid() == w.pid and values(w, "buf") == [42] * 4
+        write(w, "buf", 43)
+        assert values(w, "buf") == [43] * 4
+    finally:
+        box.remove()
