@@ -8,6 +8,11 @@ a control directory read-write (the workload's socket, the fake driver's state),
 path. The workload is the container's init, as a single-process GPU container's is. runc runs with
 the tool's settings in its environment (state dir, store): runc passes its environment on to CRIU
 and CRIU to the hook, as it passes a node's /etc/criu-gpushare/config.toml path.
+
+cgroups: runc has CRIU freeze the container's cgroup. With cgroup v2 (CI's hosts) that works with
+the stopped processes the hook hands over; on a hybrid host (v1 controllers, cgroup2 at
+/sys/fs/cgroup/unified) runc runs with the v2 hierarchy in its place (runcbox.cgroup2_view). On
+cgroup v1 CRIU would hang on them, and the hook refuses (the second test, on v1 hosts only).
 """
 from __future__ import annotations
 
@@ -82,7 +87,8 @@ def cuda_box(env, tmp_path, criu):
     needs_runc()
     view = cgroup2_view()
     if view is None:
-        pytest.skip("no cgroup v2 hierarchy on this host (see test_runc_hook's docstring: cgroup v1)")
+        pytest.skip("no cgroup v2 hierarchy on this host: runc's checkpoint of a GPU container needs "
+                    "one (the hook refuses on cgroup v1: the other test)")
     box, client = gpu_container(env, tmp_path, view)
     try:
         yield box, client
