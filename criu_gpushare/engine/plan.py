@@ -49,10 +49,16 @@ class Unit:
     device: int
     origin: tuple   # (pid, allocation id) that importers name
     gpu: str = None  # the UUID of device, as the owner's shim reports it
+    saved_as: str = None  # its key in the store's manifest, where the owner had another pid then
 
     @property
     def key(self):
         return f"{self.owner}:{self.kind}:{self.id}"
+
+    @property
+    def manifest_key(self):
+        """The key of its bytes in the manifest: its key at the dump."""
+        return self.saved_as or self.key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,7 +122,8 @@ def remap_state(state, pids):
                 pids=sorted(p(x) for x in state["pids"]),
                 restore_tids={str(p(int(k))): t for k, t in state.get("restore_tids", {}).items()},
                 members=[dict(m, pid=p(m["pid"])) for m in state["members"]],
-                units=[dict(u, owner=p(u["owner"]), origin=[p(u["origin"][0]), u["origin"][1]])
+                units=[dict(u, owner=p(u["owner"]), origin=[p(u["origin"][0]), u["origin"][1]],
+                            saved_as=unit_from_state(u).manifest_key)
                        for u in state["units"]],
                 attachments=[dict(a, importer=p(a["importer"]), unit=_remap_key(a["unit"], p))
                              for a in state["attachments"]])

@@ -474,7 +474,7 @@ class Group:
             with Exports(self.units) as exports, \
                     CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
                                progress=self._progress(total, "loaded")) as engine:
-                items = [LoadItem(allocs[u.key], self._tool_device(u), functools.partial(self._mapped, u, exports))
+                items = [LoadItem(allocs[u.manifest_key], self._tool_device(u), functools.partial(self._mapped, u, exports))
                          for u in self.units]
                 for stats in engine.load_all(items):
                     self.stats.add(stats)

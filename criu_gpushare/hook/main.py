@@ -15,6 +15,7 @@ import sys
 
 from ..engine import dump as dump_engine, jobs, statedir
 from ..errors import EXIT_BUG, Error, Failed, ProcessError
+from ..shimctl.processes import v1_freezer_cgroup
 
 PREFIX = "criu-gpushare-hook"
 
@@ -51,10 +52,26 @@ def _outcome(final, consequence):
 # -- dump ------------------------------------------------------------------------------------
 
 
+def _refuse_v1_freezer(pids):
+    """The dump hands each checkpointed process over stopped; a runtime that lets CRIU freeze the
+    container's cgroup v1 freezer (runc's checkpoint does) then hangs for good: the kernel's ptrace
+    attach to a stopped task waits for it to run, and a frozen task never does (measured with runc
+    1.1.5 and a SIGSTOPped container process, without the hook). Refused before anything changes."""
+    for pid in pids:
+        cgroup = v1_freezer_cgroup(pid)
+        if cgroup is not None:
+            raise ProcessError(pid, f"is in the cgroup v1 freezer cgroup {cgroup}: a runtime that lets "
+                               "CRIU freeze it (runc checkpoint) would hang on the stopped process; "
+                               "checkpoint GPU containers on a cgroup v2 host, or dump the process "
+                               "with `criu-gpushare dump` (hooks/README.md, runc)")
+
+
 def pre_dump(action):
     root = _init_pid()
-    if not dump_engine.cuda_pids(root):
+    pids = dump_engine.cuda_pids(root)
+    if not pids:
         return 0  # nothing of ours in this tree
+    _refuse_v1_freezer(pids)
     job = jobs.Dump(root, _images_dir(), jobs.load_settings(), report=lambda m: None)
     _outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
              "CRIU aborts the dump; the tasks keep running")

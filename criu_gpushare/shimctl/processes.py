@@ -72,3 +72,17 @@ def cuda_and_shim(pid):
 def uses_cuda(pid):
     """Whether the process has the CUDA driver loaded (libcuda mapped)."""
     return cuda_and_shim(pid)[0]
+
+
+def v1_freezer_cgroup(pid):
+    """pid's cgroup in a cgroup v1 freezer hierarchy when it is not the root (a container's on a
+    cgroup v1 host), else None."""
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                _, controllers, path = line.rstrip("\n").split(":", 2)
+                if "freezer" in controllers.split(",") and path != "/":
+                    return path
+    except FileNotFoundError:
+        raise ProcessError(pid, "no such process") from None
+    return None

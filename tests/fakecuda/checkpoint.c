@@ -42,15 +42,99 @@ struct fk_ck_rep {
     int tid;
 };
 
-static void fk_socket_name(pid_t pid, struct sockaddr_un *addr, socklen_t *len)
+/* FNV-1a of the state directory: fakes of different test runs never talk to each other. */
+static unsigned long long fk_state_hash(void)
 {
-    /* FNV-1a of the state directory: fakes of different test runs never talk to each other. */
     unsigned long long h = 1469598103934665603ull;
     for (const char *c = fk.state_dir; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+    return h;
+}
+
+/* The restore thread's abstract name: the state directory's hash, then the pid namespace and the
+ * pid the process sees, so that processes of two containers (each its own pid 1) never collide. */
+static void fk_listen_name(struct sockaddr_un *addr, socklen_t *len)
+{
+    struct stat ns;
+    unsigned long long ino = stat("/proc/self/ns/pid", &ns) == 0 ? (unsigned long long)ns.st_ino : 0;
     memset(addr, 0, sizeof *addr);
     addr->sun_family = AF_UNIX;
-    int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "fakecuda-ckpt.%016llx.%d", h, (int)pid);
+    int n = snprintf(addr->sun_path + 1, sizeof addr->sun_path - 1, "fakecuda-ckpt.%016llx.%llu.%d",
+                     fk_state_hash(), ino, (int)getpid());
     *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* A task as it sees itself, in its own pid namespace (the last NSpid field), or -1. tgid/tid:
+ * a thread of tgid (tid == tgid: the process). */
+static pid_t fk_ns_tid(pid_t tgid, pid_t tid)
+{
+    char path[96], line[256];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/status", (int)tgid, (int)tid);
+    FILE *f = fopen(path, "re");
+    if (!f) return -1;
+    pid_t nspid = -1;
+    while (fgets(line, sizeof line, f))
+        if (strncmp(line, "NSpid:", 6) == 0) {
+            char *save = NULL;
+            for (char *tok = strtok_r(line + 6, " \t\n", &save); tok; tok = strtok_r(NULL, " \t\n", &save))
+                nspid = atoi(tok);
+            break;
+        }
+    fclose(f);
+    return nspid;
+}
+
+/* The name of tgid's restore thread socket, as the real driver reaches a process by its pid as the
+ * caller sees it, in whatever pid namespace the target runs and after CRIU restored it into a new
+ * one (its socket keeps the name it was bound to; CRIU keeps the pid the process sees): among
+ * tgid's fds, the unix socket named with this state directory's prefix and tgid's own pid (a
+ * forked child that inherited its parent's socket has another). /proc/TGID/net/unix lists the
+ * sockets of tgid's network namespace. */
+static int fk_target_name(pid_t tgid, struct sockaddr_un *addr, socklen_t *len)
+{
+    char path[96], line[512], prefix[64];
+    unsigned long inodes[256];
+    int ninodes = 0;
+    pid_t nspid = fk_ns_tid(tgid, tgid);
+    if (nspid < 0) return -1;
+    snprintf(path, sizeof path, "/proc/%d/fd", (int)tgid);
+    DIR *d = opendir(path);
+    if (!d) return -1;
+    for (struct dirent *e; (e = readdir(d)) && ninodes < 256;) {
+        char target[64];
+        ssize_t n = readlinkat(dirfd(d), e->d_name, target, sizeof target - 1);
+        if (n <= 0) continue;
+        target[n] = 0;
+        if (sscanf(target, "socket:[%lu]", &inodes[ninodes]) == 1) ninodes++;
+    }
+    closedir(d);
+    snprintf(prefix, sizeof prefix, "@fakecuda-ckpt.%016llx.", fk_state_hash());
+    snprintf(path, sizeof path, "/proc/%d/net/unix", (int)tgid);
+    FILE *f = fopen(path, "re");
+    if (!f) return -1;
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        unsigned long inode;
+        char name[200];
+        if (sscanf(line, "%*s %*s %*s %*s %*s %*s %lu %199s", &inode, name) != 2) continue;
+        unsigned long long ino;
+        int pid, end = 0;
+        if (strncmp(name, prefix, strlen(prefix)) != 0) continue;
+        if (sscanf(name + strlen(prefix), "%llu.%d%n", &ino, &pid, &end) != 2 || pid != nspid ||
+            name[strlen(prefix) + (size_t)end] != 0)
+            continue;
+        for (int i = 0; i < ninodes; i++)
+            if (inodes[i] == inode) {
+                memset(addr, 0, sizeof *addr);
+                addr->sun_family = AF_UNIX;
+                size_t n = strlen(name + 1);
+                memcpy(addr->sun_path + 1, name + 1, n); /* '@' stands for the leading NUL */
+                *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+                found = 0;
+                break;
+            }
+    }
+    fclose(f);
+    return found;
 }
 
 /* ---- the operations, run by the restore thread inside the target ---------------------------- */
@@ -344,7 +428,7 @@ void fk_checkpoint_start_restore_thread(void)
 {
     struct sockaddr_un addr;
     socklen_t len;
-    fk_socket_name(getpid(), &addr, &len);
+    fk_listen_name(&addr, &len);
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0 || bind(fd, (struct sockaddr *)&addr, len) != 0 || listen(fd, 64) != 0) {
         fk_log("pid %d: cannot serve checkpoint requests: %s", (int)getpid(), strerror(errno));
@@ -425,10 +509,10 @@ static CUresult fk_call(int pid, struct fk_ck_req *req, struct fk_ck_rep *rep)
     }
     struct sockaddr_un addr;
     socklen_t len;
-    fk_socket_name(tgid, &addr, &len);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = -1;
     CUresult r = CUDA_SUCCESS;
-    if (fd < 0) r = CUDA_ERROR_OPERATING_SYSTEM;
+    if (fk_target_name(tgid, &addr, &len) != 0) r = CUDA_ERROR_NOT_INITIALIZED; /* no CUDA there */
+    else if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) r = CUDA_ERROR_OPERATING_SYSTEM;
     else if (connect(fd, (struct sockaddr *)&addr, len) != 0) r = CUDA_ERROR_NOT_INITIALIZED; /* no CUDA there */
     else if (write(fd, req, sizeof *req) != (ssize_t)sizeof *req) r = CUDA_ERROR_OPERATING_SYSTEM;
     else {
@@ -508,6 +592,19 @@ FK_EXPORT CUresult cuCheckpointProcessGetRestoreThreadId(int pid, int *tid)
     struct fk_ck_req req = {.op = CK_TID};
     struct fk_ck_rep rep;
     CUresult r = fk_call(pid, &req, &rep);
-    if (r == CUDA_SUCCESS) *tid = rep.tid;
-    return r;
+    if (r != CUDA_SUCCESS) return r;
+    /* The restore thread knows its tid in its own pid namespace; the caller gets it as it sees it
+     * (as the kernel translates ids across namespaces), the thread of pid that has that NSpid. */
+    pid_t tgid = fk_tgid(pid);
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)tgid);
+    DIR *d = opendir(path);
+    if (!d) return CUDA_ERROR_INVALID_VALUE;
+    *tid = -1;
+    for (struct dirent *e; (e = readdir(d)) && *tid < 0;) {
+        pid_t t = (pid_t)atoi(e->d_name);
+        if (t > 0 && fk_ns_tid(tgid, t) == rep.tid) *tid = t;
+    }
+    closedir(d);
+    return *tid < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
 }
