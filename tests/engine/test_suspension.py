@@ -62,7 +62,7 @@ def test_a_live_worker_without_a_holder_is_waited_for_not_overtaken(run_dir, sle
 
 def test_a_process_without_cuda_state_has_nothing_to_suspend(run_dir, sleeper):
     journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDING, store="s", ref="r")
-    work = suspension.SuspendWork(journal, Options(store="s", ref="r"))
+    work = suspension.SuspendWork(journal, Options(store=str(run_dir.parent / "store"), ref="r"))
     with pytest.raises(suspension.NothingToSuspend, match="has no CUDA state: nothing to suspend "
                                                           r"\(nothing was changed\)") as e:
         work.begin(print)
@@ -72,6 +72,6 @@ def test_a_process_without_cuda_state_has_nothing_to_suspend(run_dir, sleeper):
 
 def test_the_holder_answers_resume_and_nothing_else(run_dir, sleeper):
     journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDED, store="s", ref="r")
-    work = suspension.SuspendWork(journal, Options(store="s", ref="r"))
+    work = suspension.SuspendWork(journal, Options(store=str(run_dir.parent / "store"), ref="r"))
     with pytest.raises(ProcessError, match="unknown holder command 'status'"):
         work.handle("status", {}, print)
