@@ -4,31 +4,11 @@ nothing changed. (No CRIU needed; dumps and restores through CRIU are tests/hook
 import json
 import os
 import random
-import subprocess
-import sys
 
 import pytest
 
 from criu_gpushare.engine import record
 from criu_gpushare.store import Allocation, Manifest, ProcessEntry, Store
-
-
-@pytest.fixture
-def env(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
-    (tmp_path / "config.toml").write_text("")  # no node-wide settings
-    env = dict(os.environ, CRIU_GPUSHARE_RUN_DIR=str(run),
-               CRIU_GPUSHARE_CONFIG=str(tmp_path / "config.toml"))
-    env.pop("CRIU_GPUSHARE_STORE", None)  # the record names the store a restore reads
-    return env
-
-
-def cli(env, *args):
-    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", *map(str, args)], env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
 
 
 @pytest.fixture
@@ -49,7 +29,7 @@ def image(tmp_path):
     return images, store_dir, mid
 
 
-def test_dump_of_a_pid_that_does_not_exist(env, tmp_path):
+def test_dump_of_a_pid_that_does_not_exist(cli, env, tmp_path):
     r = cli(env, "dump", 2**22 + 1, tmp_path / "images")
     assert r.returncode == 5 and f"process {2**22 + 1}: no such process" in r.stderr
     assert not (tmp_path / "images").exists()
@@ -57,7 +37,7 @@ def test_dump_of_a_pid_that_does_not_exist(env, tmp_path):
 
 @pytest.mark.parametrize("args", [["--criu-opt", "restore-detached"], ["--criu-opt", "bad name"],
                                   ["--gpu-map", "GPU-a"]])
-def test_restore_refuses_a_bad_option_before_anything(env, image, args):
+def test_restore_refuses_a_bad_option_before_anything(cli, env, image, args):
     images, *_ = image
     before = sorted(os.listdir(images))
     r = cli(env, "restore", images, *args)
@@ -65,26 +45,26 @@ def test_restore_refuses_a_bad_option_before_anything(env, image, args):
     assert sorted(os.listdir(images)) == before
 
 
-def test_restore_of_a_directory_that_does_not_exist(env, tmp_path):
+def test_restore_of_a_directory_that_does_not_exist(cli, env, tmp_path):
     r = cli(env, "restore", tmp_path / "nothing")
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
-def test_restore_of_a_damaged_record(env, image):
+def test_restore_of_a_damaged_record(cli, env, image):
     images, *_ = image
     (images / record.RECORD_NAME).write_text('{"format": 1}')
     r = cli(env, "restore", images)
     assert r.returncode == 12 and "field 'gpu_state' is missing" in r.stderr, r.stderr
 
 
-def test_restore_whose_checkpoint_is_gone_from_the_store(env, image):
+def test_restore_whose_checkpoint_is_gone_from_the_store(cli, env, image):
     images, store_dir, _ = image
     os.unlink(os.path.join(store_dir, "refs", "dump-1"))
     r = cli(env, "restore", images)
     assert r.returncode == 6 and "refs/dump-1: no such checkpoint" in r.stderr, r.stderr
 
 
-def test_restore_with_a_corrupt_manifest(env, image):
+def test_restore_with_a_corrupt_manifest(cli, env, image):
     images, store_dir, mid = image
     path = os.path.join(store_dir, "manifests", f"{mid}.json")
     doc = json.load(open(path))
@@ -95,7 +75,7 @@ def test_restore_with_a_corrupt_manifest(env, image):
     assert r.returncode == 6 and f"{path}: content hashes to" in r.stderr, r.stderr
 
 
-def test_restore_from_a_store_named_on_the_command_line(env, image, tmp_path):
+def test_restore_from_a_store_named_on_the_command_line(cli, env, image, tmp_path):
     """--store wins over the record's store: an empty one lacks the checkpoint."""
     images, *_ = image
     Store.open(str(tmp_path / "other"), create=True).close()

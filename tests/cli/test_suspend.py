@@ -3,27 +3,10 @@ before anything changes, with the README's exit code and a message saying what t
 resume of workloads are tests/engine/; bad --timeout values, test_recovery.py.)"""
 import os
 import subprocess
-import sys
 
 import pytest
 
 from criu_gpushare.engine import journal as jn
-
-
-@pytest.fixture
-def env(tmp_path):
-    run = tmp_path / "run"
-    run.mkdir(mode=0o700)
-    (tmp_path / "config.toml").write_text("")  # no node-wide settings
-    return dict(os.environ, CRIU_GPUSHARE_RUN_DIR=str(run), CRIU_GPUSHARE_STORE=str(tmp_path / "store"),
-                CRIU_GPUSHARE_CONFIG=str(tmp_path / "config.toml"))
-
-
-def cli(env, *args):
-    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", *map(str, args)], env=env,
-                       capture_output=True, text=True, timeout=60)
-    assert "Traceback" not in r.stderr, r.stderr
-    return r
 
 
 @pytest.fixture
@@ -35,23 +18,23 @@ def sleepers():
         p.wait()
 
 
-def test_suspend_of_a_pid_that_does_not_exist(env):
+def test_suspend_of_a_pid_that_does_not_exist(cli, env):
     r = cli(env, "suspend", 2**22 + 1)
     assert r.returncode == 5 and f"process {2**22 + 1}: no such process" in r.stderr
 
 
-def test_suspend_of_processes_without_cuda_changes_nothing(env, sleepers, tmp_path):
-    r = cli(env, "suspend", *sleepers)
+def test_suspend_of_processes_without_cuda_changes_nothing(cli, env, sleepers, tmp_path):
+    r = cli(dict(env, CRIU_GPUSHARE_STORE=str(tmp_path / "store")), "suspend", *sleepers)
     assert r.returncode == 5 and "does not use CUDA: nothing to suspend" in r.stderr
     assert os.listdir(tmp_path / "run") == [] and not (tmp_path / "store").exists()
 
 
-def test_resume_of_a_pid_that_is_not_suspended(env, sleepers):
+def test_resume_of_a_pid_that_is_not_suspended(cli, env, sleepers):
     r = cli(env, "resume", sleepers[0])
     assert r.returncode == 5 and f"process {sleepers[0]}: is not suspended by criu-gpushare" in r.stderr
 
 
-def test_resume_of_pids_from_two_groups_asks_for_one_group_at_a_time(env, sleepers, monkeypatch):
+def test_resume_of_pids_from_two_groups_asks_for_one_group_at_a_time(cli, env, sleepers, monkeypatch):
     monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", env["CRIU_GPUSHARE_RUN_DIR"])
     for pid in sleepers:
         jn.Journal.create("suspend", [pid], jn.SUSPENDED, store="s", ref=f"r{pid}")
@@ -61,12 +44,12 @@ def test_resume_of_pids_from_two_groups_asks_for_one_group_at_a_time(env, sleepe
 
 
 @pytest.mark.parametrize("bad", ["GPU-a", "=GPU-b", "GPU-a=GPU-b,GPU-c"])
-def test_resume_refuses_a_malformed_gpu_map(env, sleepers, bad):
+def test_resume_refuses_a_malformed_gpu_map(cli, env, sleepers, bad):
     r = cli(env, "resume", sleepers[0], "--gpu-map", bad)
     assert r.returncode == 2 and "--gpu-map" in r.stderr, r.stderr
 
 
-def test_suspend_and_resume_need_a_pid(env):
+def test_suspend_and_resume_need_a_pid(cli, env):
     for verb in ("suspend", "resume"):
         r = cli(env, verb)
         assert r.returncode == 2 and "Missing argument 'PIDS...'" in r.stderr

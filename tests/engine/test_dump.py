@@ -14,14 +14,6 @@ from criu_gpushare.store import Allocation, Manifest, ProcessEntry, Store
 
 
 @pytest.fixture
-def run_dir(tmp_path, monkeypatch):
-    d = tmp_path / "run"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(d))
-    return d
-
-
-@pytest.fixture
 def tree():
     """A parent shell and its sleeping child: a tree without libcuda."""
     p = subprocess.Popen(["sh", "-c", "sleep 60 & wait"])

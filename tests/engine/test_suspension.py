@@ -12,14 +12,6 @@ from criu_gpushare.errors import ProcessError
 
 
 @pytest.fixture
-def run_dir(tmp_path, monkeypatch):
-    d = tmp_path / "run"
-    d.mkdir(mode=0o700)
-    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(d))
-    return d
-
-
-@pytest.fixture
 def sleeper():
     """A process without CUDA, as a group member (or a worker) the journal can name."""
     p = subprocess.Popen(["sleep", "60"])

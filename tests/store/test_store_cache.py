@@ -9,13 +9,6 @@ from criu_gpushare.store import NodeCache, Source, open_from_settings, prefetch
 from store_helpers import age, chunk_bytes, chunk_path, commit_checkpoint
 
 
-@pytest.fixture
-def cache(tmp_path):
-    c = NodeCache.open(str(tmp_path / "cache"))
-    yield c
-    c.close()
-
-
 def cached_path(cache, cid):
     return os.path.join(cache.path, "chunks", cid[:2], cid)
 

@@ -9,7 +9,7 @@ from criu_gpushare.errors import StoreError
 from criu_gpushare.store import (Allocation, ChunkRef, Manifest, ProcessEntry, chunk_id)
 from criu_gpushare.store.manifest import MANIFEST_VERSION, parse_manifest
 
-from store_helpers import chunk_bytes, commit_checkpoint
+from store_helpers import chunk_bytes
 
 
 def sample_manifest():

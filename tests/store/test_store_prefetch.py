@@ -14,13 +14,6 @@ from criu_gpushare.store import NodeCache, prefetch
 from store_helpers import chunk_bytes, chunk_path, commit_checkpoint
 
 
-@pytest.fixture
-def cache(tmp_path):
-    c = NodeCache.open(str(tmp_path / "cache"))
-    yield c
-    c.close()
-
-
 def test_prefetch_refuses_to_cache_a_corrupted_store_chunk(store, cache):
     cid = commit_checkpoint(store, "ck", [chunk_bytes(4)])[0].chunk_id
     with open(chunk_path(store, cid), "r+b") as f:
