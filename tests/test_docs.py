@@ -130,23 +130,25 @@ def cli_mistakes(text, main):
         flags = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", span))
         if m:
             verb, sub, rest = m.groups()
-            known = _options(main)
+            # `store ls|du [--json]`: each alternative must take every flag shown
+            alternatives = {}  # "verb [sub]" -> its options (the group's included)
             for v in verb.split("|"):
                 cmd = main.commands.get(v)
                 if cmd is None:
                     wrong.append(f"criu-gpushare {v}")
-                    continue
-                known |= _options(cmd)
-                if isinstance(cmd, click.Group) and sub:
+                elif isinstance(cmd, click.Group) and sub:
                     for s in sub.split("|"):
                         if s in cmd.commands:
-                            known |= _options(cmd.commands[s])
+                            alternatives[f"{v} {s}"] = _options(cmd) | _options(cmd.commands[s])
                         else:
                             wrong.append(f"criu-gpushare {v} {s}")
+                else:
+                    alternatives[v] = _options(cmd)
             # flags after `--` belong to the program `run` starts
             tail = rest.split(" -- ")[0] if " -- " in span else rest
-            flags = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", tail))
-            wrong += [f"criu-gpushare {verb} {f}" for f in sorted(flags - known - set(OTHER_FLAGS))]
+            flags = set(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", tail)) - set(OTHER_FLAGS)
+            for name, known in alternatives.items():
+                wrong += [f"criu-gpushare {name} {f}" for f in sorted(flags - known - _options(main))]
         elif re.match(r"\s*python3? (bench/\w+\.py)", span):
             script = _read(re.match(r"\s*python3? (bench/\w+\.py)", span).group(1))
             wrong += [f"{span.split()[1]} {f}" for f in sorted(flags) if f'"{f}"' not in script]
@@ -184,6 +186,7 @@ def test_a_readme_naming_a_missing_command_or_flag_fails():
                         "`criu-gpushare store ls|shred`, and `--no-such-flag`", main) == [
         "criu-gpushare suspend --cache", "criu-gpushare freeze", "criu-gpushare store shred",
         "--no-such-flag"]
+    assert cli_mistakes("`criu-gpushare store ls|rm [--json]`", main) == ["criu-gpushare store rm --json"]
     assert cli_mistakes("`criu-gpushare store --cache DIR prefetch`, `criu-gpushare run -- x --y`, "
                         "`criu-gpushare dump PID DIR --criu-opt X`", main) == []
 
