@@ -13,7 +13,8 @@ import click
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SKIP_DIRS = {".git", ".venv", ".criu", ".build", "__pycache__", "build", "dist", "node_modules"}
+SKIP_DIRS = {".git", ".venv", ".criu", ".build", ".pytest_cache", "__pycache__", "build", "dist",
+             "node_modules"}
 
 # Names in the docs that are not files of this repository, each with why.
 NOT_OURS = {
