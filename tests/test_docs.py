@@ -302,6 +302,20 @@ def test_tests_index_names_every_test_folder():
     assert [d for d in folders if f"{d}/" not in index] == []
 
 
+def test_each_test_folder_index_names_its_test_modules():
+    """A folder with a README.md lists its test modules there (or tests/README.md does)."""
+    index = _read("tests/README.md")
+    unnamed = []
+    for folder in sorted(os.listdir(os.path.join(ROOT, "tests"))):
+        readme = os.path.join("tests", folder, "README.md")
+        if not os.path.exists(os.path.join(ROOT, readme)):
+            continue
+        text = _read(readme) + index
+        unnamed += [f"tests/{folder}/{f}" for f in sorted(os.listdir(os.path.join(ROOT, "tests", folder)))
+                    if f.startswith("test_") and f.endswith(".py") and f not in text]
+    assert not unnamed, "not in their folder's README.md: " + ", ".join(unnamed)
+
+
 def test_docstrings_parse():
     # the modules this test reads as docs must be Python it can read (a syntax error here would
     # hide a doc from every check above)
