@@ -16,7 +16,7 @@ class NothingToSuspend(ProcessError):
 
 
 class SuspendWork(holder.Work):
-    """Runs in the holder: suspend at start, then status or resume on request."""
+    """Runs in the holder: suspend at start, then resume on request (`status` reads the journal)."""
 
     def __init__(self, journal, options):
         self.journal, self.options = journal, dataclasses.replace(options, pin_ahead=True)  # it loads next

@@ -1,4 +1,4 @@
-"""Names and places inside a chunk store (store/FORMAT.md, "Layout" and "Chunk naming").
+"""Names and places inside a chunk store (store/FORMAT.md, "Layout" and "Chunks").
 
 Everything here is pure: no I/O. The rest of the package builds paths only through these helpers,
 so the on-disk layout lives in one place.

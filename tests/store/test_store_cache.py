@@ -1,4 +1,4 @@
-"""The node cache and prefetch (FORMAT.md section 9)."""
+"""The node cache (FORMAT.md section 9); prefetch on its own: test_store_prefetch.py."""
 import os
 
 import pytest
@@ -7,13 +7,6 @@ from criu_gpushare.errors import StoreError
 from criu_gpushare.store import NodeCache, Source, open_from_settings, prefetch
 
 from store_helpers import age, chunk_bytes, chunk_path, commit_checkpoint
-
-
-@pytest.fixture
-def cache(tmp_path):
-    c = NodeCache.open(str(tmp_path / "cache"))
-    yield c
-    c.close()
 
 
 def cached_path(cache, cid):
@@ -43,16 +36,6 @@ def test_prefetch_fills_the_cache_and_a_hit_refreshes_its_lru_time(store, cache)
     assert os.stat(cached_path(cache, cid)).st_mtime > before + 1800
     store.cache = None
     assert prefetch(store, cache, ["ck"], threads=2).already_cached == 2
-
-
-def test_prefetch_refuses_to_cache_a_corrupted_store_chunk(store, cache):
-    cid = commit_checkpoint(store, "ck", [chunk_bytes(4)])[0].chunk_id
-    with open(chunk_path(store, cid), "r+b") as f:
-        f.write(b"\x00\x01\x02")
-    report = prefetch(store, cache)
-    assert report.fetched == 0 and len(report.failed) == 1
-    assert chunk_path(store, cid) in report.failed[0] and "corrupted" in report.failed[0]
-    assert not cache.contains(cid)
 
 
 def test_a_damaged_cache_entry_is_dropped_and_the_store_is_read(store, cache):
@@ -91,19 +74,6 @@ def test_eviction_removes_least_recently_used_first(cache, store):
     removed, freed = cache.evict(2 * 4096)
     assert (removed, freed) == (2, 8192)
     assert [cache.contains(c) for c in ids] == [False, False, True, True]
-
-
-def test_prefetch_keeps_the_cache_under_its_limit(store, tmp_path):
-    commit_checkpoint(store, "old", [chunk_bytes(20), chunk_bytes(21)])
-    commit_checkpoint(store, "new", [chunk_bytes(22), chunk_bytes(23), chunk_bytes(24)])
-    with NodeCache.open(str(tmp_path / "c"), limit_bytes=3 * 4096) as cache:
-        prefetch(store, cache, ["old"])
-        report = prefetch(store, cache, ["new"])
-        assert report.evicted == 2 and report.fetched == 3
-        assert cache.usage() == (3, 3 * 4096)
-        report = prefetch(store, cache)  # all five cannot fit: some are skipped, none fail
-        assert report.skipped_for_limit == 2 and report.failed == []
-        assert cache.usage()[1] <= 3 * 4096
 
 
 def test_cache_dir_ownership_rules_apply(tmp_path):

@@ -1,0 +1,69 @@
+"""criu_gpushare/engine/suspension.py on its own: what `resume` does with a journal when the holder
+is gone or busy, and what the holder's suspend refuses, without a workload. The cycles themselves
+are test_cycles.py; a holder killed at every phase, test_recovery.py."""
+import os
+import subprocess
+
+import pytest
+
+from criu_gpushare.engine import journal as jn, statedir, suspension
+from criu_gpushare.engine.steps import Options
+from criu_gpushare.errors import ProcessError
+
+
+@pytest.fixture
+def sleeper():
+    """A process without CUDA, as a group member (or a worker) the journal can name."""
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+def test_a_journal_from_before_the_plan_means_nothing_changed(run_dir, sleeper):
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDING, store="s", ref="r")
+    result = suspension.recover(journal)
+    assert result["state"] == "resumed" and result["note"] == "nothing had been changed"
+    assert jn.owner_of(sleeper.pid) is None and os.listdir(run_dir) == []  # free again
+
+
+def test_a_group_that_exited_while_suspended_loses_its_journal(run_dir, sleeper):
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDED, store="s", ref="r",
+                                group={"pids": [sleeper.pid]})
+    sleeper.kill()
+    sleeper.wait()
+    with pytest.raises(ProcessError, match="exited while suspended; its journal is removed .the "
+                                           "store keeps its checkpoint until `store rm`."):
+        suspension.recover(journal)
+    assert os.listdir(run_dir) == []
+
+
+def test_a_live_worker_without_a_holder_is_waited_for_not_overtaken(run_dir, sleeper):
+    member = subprocess.Popen(["sleep", "60"])
+    try:
+        journal = jn.Journal.create("suspend", [member.pid], jn.SUSPENDED, store="s", ref="r")
+        journal.set(worker={"pid": sleeper.pid, "started": statedir.start_time(sleeper.pid)})
+        with pytest.raises(ProcessError, match=f"criu-gpushare process {sleeper.pid} is working on "
+                                               r"its group now \(suspend, suspended\); wait for it"):
+            suspension.resume(journal)
+        assert jn.owner_of(member.pid).state == jn.SUSPENDED  # untouched
+    finally:
+        member.kill()
+        member.wait()
+
+
+def test_a_process_without_cuda_state_has_nothing_to_suspend(run_dir, sleeper):
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDING, store="s", ref="r")
+    work = suspension.SuspendWork(journal, Options(store=str(run_dir.parent / "store"), ref="r"))
+    with pytest.raises(suspension.NothingToSuspend, match="has no CUDA state: nothing to suspend "
+                                                          r"\(nothing was changed\)") as e:
+        work.begin(print)
+    assert e.value.exit_code == 5
+    assert jn.owner_of(sleeper.pid) is None  # claims and journal gone
+
+
+def test_the_holder_answers_resume_and_nothing_else(run_dir, sleeper):
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDED, store="s", ref="r")
+    work = suspension.SuspendWork(journal, Options(store=str(run_dir.parent / "store"), ref="r"))
+    with pytest.raises(ProcessError, match="unknown holder command 'status'"):
+        work.handle("status", {}, print)
