@@ -101,7 +101,11 @@ def test_a_doc_naming_a_missing_module_fails():
 
 
 def _cli():
+    """The command group with every command loaded (the CLI imports a command's module only
+    when it runs)."""
     from criu_gpushare.cli import main
+    for name in main.list_commands(None):
+        main.get_command(None, name)
     return main
 
 
