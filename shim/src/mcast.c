@@ -10,17 +10,10 @@
 CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
                                    const CUmulticastObjectProp *prop)
 {
-    __typeof__(&cuMulticastCreate) real = REAL(cuMulticastCreate);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, prop);
-    gs_depth++;
+    GS_ENTER(cuMulticastCreate, mcHandle, prop);
     CUresult r = real(mcHandle, prop);
-    if (r != CUDA_SUCCESS || !prop || !mcHandle) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS || !prop || !mcHandle)
+        return gs_leave(r);
     gs_want_server();
     gs_lock();
     struct gs_mcast *mc = GS_PUSH(gs.mcasts);
@@ -29,30 +22,21 @@ CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
     mc->h = *mcHandle;
     mc->prop = *prop;
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev)
 {
-    __typeof__(&cuMulticastAddDevice) real = REAL(cuMulticastAddDevice);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, dev);
-    gs_depth++;
+    GS_ENTER(cuMulticastAddDevice, mcHandle, dev);
     CUresult r = real(mcHandle, dev);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     gs_lock();
     struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
     if (mc && mc->n_devs < GS_MAX_DEV)
         mc->devs[mc->n_devs++] = (int)dev;
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 static void record_bind(CUmemGenericAllocationHandle mc_h, int dev, size_t mc_off, size_t size,
@@ -112,55 +96,32 @@ CUresult CUDAAPI cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_
                                     CUmemGenericAllocationHandle memHandle, size_t memOffset,
                                     size_t size, unsigned long long flags)
 {
-    __typeof__(&cuMulticastBindMem) real = REAL(cuMulticastBindMem);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
-    gs_depth++;
+    GS_ENTER(cuMulticastBindMem, mcHandle, mcOffset, memHandle, memOffset, size, flags);
     CUresult r = real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     record_bind(mcHandle, mem_device(memHandle, 0), mcOffset, size, memHandle, 0, memOffset, flags);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
                                      CUdeviceptr memptr, size_t size, unsigned long long flags)
 {
-    __typeof__(&cuMulticastBindAddr) real = REAL(cuMulticastBindAddr);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, mcOffset, memptr, size, flags);
-    gs_depth++;
+    GS_ENTER(cuMulticastBindAddr, mcHandle, mcOffset, memptr, size, flags);
     CUresult r = real(mcHandle, mcOffset, memptr, size, flags);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     record_bind(mcHandle, mem_device(0, memptr), mcOffset, size, 0, memptr, 0, flags);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
                                    size_t mcOffset, size_t size)
 {
-    __typeof__(&cuMulticastUnbind) real = REAL(cuMulticastUnbind);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, dev, mcOffset, size);
-    gs_depth++;
+    GS_ENTER(cuMulticastUnbind, mcHandle, dev, mcOffset, size);
     CUresult r = real(mcHandle, dev, mcOffset, size);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     gs_lock();
     struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
     for (size_t i = 0; mc && i < gs.mcbinds.n;) {
@@ -173,6 +134,5 @@ CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevi
     }
     gs_collect();
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
