@@ -119,13 +119,7 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
         else if (mc)
             mc->app_released = 1;
         /* Exports of a handle that was never identified die with it: the value may be reused. */
-        for (size_t i = 0; i < gs.exports.n;)
-            if (gs.exports.v[i].kind == GS_OBJ_UNKNOWN && gs.exports.v[i].h == handle) {
-                close(gs.exports.v[i].fd);
-                GS_DEL(gs.exports, i);
-            } else {
-                i++;
-            }
+        GS_DROP_IF(gs.exports, e->kind == GS_OBJ_UNKNOWN && e->h == handle, close(e->fd));
         gs_collect();
     }
     gs_unlock();

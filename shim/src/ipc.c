@@ -627,11 +627,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     CUdeviceptr va = im ? im->va : 0;
     size_t size = im ? im->size : 0;
     if (im) {
-        for (size_t i = 0; i < gs.maps.n;)
-            if (gs.maps.v[i].kind == GS_OBJ_IMPORT && gs.maps.v[i].obj_id == im->id)
-                GS_DEL(gs.maps, i);
-            else
-                i++;
+        GS_DROP_IF(gs.maps, e->kind == GS_OBJ_IMPORT && e->obj_id == im->id, );
         GS_DEL(gs.imports, (size_t)(im - gs.imports.v));
     }
     gs_unlock();

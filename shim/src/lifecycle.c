@@ -315,16 +315,7 @@ int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen)
     }
     closedir(d);
     close(null_fd);
-    for (size_t i = 0; i < gs.exports.n;) {
-        struct gs_export *e = &gs.exports.v[i];
-        if (export_voidable(e)) {
-            close(e->fd);
-            GS_DEL(gs.exports, i);
-            n_closed++;
-        } else {
-            i++;
-        }
-    }
+    GS_DROP_IF(gs.exports, export_voidable(e), close(e->fd); n_closed++);
     gs_buf_printf(body, "\"voided\":%d,\"closed\":%d", n_voided, n_closed);
     return 0;
 }

@@ -124,14 +124,9 @@ CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevi
         return gs_leave(r);
     gs_lock();
     struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
-    for (size_t i = 0; mc && i < gs.mcbinds.n;) {
-        struct gs_mcbind *b = &gs.mcbinds.v[i];
-        if (b->mc_id == mc->id && b->dev == (int)dev && b->mc_offset >= mcOffset &&
-            b->mc_offset - mcOffset < size)
-            GS_DEL(gs.mcbinds, i);
-        else
-            i++;
-    }
+    if (mc)
+        GS_DROP_IF(gs.mcbinds, e->mc_id == mc->id && e->dev == (int)dev &&
+                                   e->mc_offset >= mcOffset && e->mc_offset - mcOffset < size, );
     gs_collect();
     gs_unlock();
     return gs_leave(r);
