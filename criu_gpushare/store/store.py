@@ -16,7 +16,7 @@ import json
 import os
 
 from ..errors import StoreError
-from . import catalog, fsutil, holds
+from . import catalog, docs, fsutil, holds
 from .base import ChunkStore
 from .chunkdir import ChunkDir, ChunkMissing
 from .leases import WriteSession
@@ -251,19 +251,10 @@ def _check_or_write_store_file(root_fd, path, create):
 
 def check_store_doc(data, file_path):
     """Refuse store.json bytes that are not a store file this tool reads (naming `file_path`)."""
-    try:
-        doc = json.loads(data)
-        ok = isinstance(doc, dict) and doc.get("format") == STORE_FORMAT
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        ok = False
-    if not ok:
+    doc = docs.load(data, STORE_FORMAT)
+    if doc is None:
         raise StoreError(f"{file_path}: not a criu-gpushare store file")
-    version = doc.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise StoreError(f"{file_path}: bad store format version {version!r}")
-    if version > STORE_VERSION:
-        raise StoreError(f"{file_path}: store format version {version} is newer than this tool "
-                         f"reads (version {STORE_VERSION}); upgrade criu-gpushare")
+    docs.check_version(doc, STORE_VERSION, file_path, "store")
     if doc.get("hash") != HASH_NAME:
         raise StoreError(f"{file_path}: chunks hashed with {doc.get('hash')!r}, this tool knows "
                          f"only {HASH_NAME}")
