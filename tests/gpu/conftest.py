@@ -115,17 +115,19 @@ def probes(tmp_path):
 
 @pytest.fixture
 def bench_workload(tmp_path):
-    """Factory: bench_workload(script, *args) starts a bench/workloads script under the shim
-    (benchlib.Workload, ready and its contents' digest taken), with a store and a run directory of
-    this test; returns the workload and the environment for the tool. All are killed at the end."""
+    """Factory: bench_workload(script, *args, shim=True) starts a bench/workloads script, under the
+    shim unless shim=False (benchlib.Workload, ready and its contents' digest taken), with a store
+    and a run directory of this test; returns the workload and the environment for the tool. All
+    are killed at the end."""
     started = []
 
-    def start(script, *args):
+    def start(script, *args, shim=True):
         run_dir = tmp_path / "run"
         run_dir.mkdir(mode=0o700, exist_ok=True)
         store = {"CRIU_GPUSHARE_STORE": str(tmp_path / "store")}
         env = dict(benchlib.tool_env(str(run_dir)), **store)
-        wl = benchlib.Workload(script.split(".")[0], script, args, str(tmp_path), str(run_dir), store)
+        wl = benchlib.Workload(script.split(".")[0], script, args, str(tmp_path), str(run_dir), store,
+                               shim=shim)
         started.append(wl)
         return wl.start(600), env
 
