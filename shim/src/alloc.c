@@ -50,11 +50,7 @@ static int access_list(int dev, CUmemAccessDesc *desc, int max)
 static void record_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h)
 {
     struct gs_map *m = GS_PUSH(gs.maps);
-    memset(m, 0, sizeof(*m));
-    m->va = va;
-    m->size = size;
-    m->offset = offset;
-    m->h = h;
+    *m = (struct gs_map){.va = va, .size = size, .offset = offset, .h = h};
     m->kind = gs_classify_handle(h, &m->obj_id);
     if (m->kind == GS_OBJ_IMPORT) { /* the exporter's size is not known yet: the mapping tells */
         struct gs_import *im = gs_find_import_h(h);
@@ -78,14 +74,10 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (r == CUDA_SUCCESS) {
         gs_lock();
         gs_xlat_forget(*handle, 1); /* a value the driver reuses means the new object now */
-        struct gs_alloc *a = GS_PUSH(gs.allocs);
-        memset(a, 0, sizeof(*a));
-        a->id = gs_new_id();
-        a->h = *handle;
-        a->size = size;
-        a->dev = p.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p.location.id : -1;
-        a->origin = GS_ORIGIN_CUMEM;
-        a->handle_types = p.requestedHandleTypes;
+        *GS_PUSH(gs.allocs) = (struct gs_alloc){
+            .id = gs_new_id(), .h = *handle, .size = size, .origin = GS_ORIGIN_CUMEM,
+            .dev = p.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p.location.id : -1,
+            .handle_types = p.requestedHandleTypes};
         gs_unlock();
     }
     return gs_leave(r);

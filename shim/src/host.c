@@ -23,13 +23,8 @@ static void record_host(void *p, size_t size, unsigned flags, int owned)
     if (flags & CU_MEMHOSTREGISTER_DEVICEMAP)
         CU(CUresult(*)(CUdeviceptr *, void *, unsigned), cuMemHostGetDevicePointer_v2, &dptr, p, 0);
     gs_lock();
-    struct gs_host *h = GS_PUSH(gs.hosts);
-    memset(h, 0, sizeof(*h));
-    h->p = p;
-    h->size = size;
-    h->flags = flags;
-    h->owned = owned;
-    h->dptr = dptr;
+    *GS_PUSH(gs.hosts) =
+        (struct gs_host){.p = p, .size = size, .flags = flags, .owned = owned, .dptr = dptr};
     gs_unlock();
 }
 

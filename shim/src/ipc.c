@@ -269,14 +269,9 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
                                             : "an unknown",
                      (unsigned long long)handle);
         }
-        if (dup >= 0) {
-            struct gs_export *e = GS_PUSH(gs.exports);
-            memset(e, 0, sizeof(*e));
-            e->fd = dup;
-            e->obj_id = id;
-            e->kind = kind;
-            e->h = handle;
-        }
+        if (dup >= 0)
+            *GS_PUSH(gs.exports) =
+                (struct gs_export){.fd = dup, .obj_id = id, .kind = kind, .h = handle};
         gs_unlock();
     }
     return gs_leave(r);

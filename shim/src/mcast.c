@@ -47,15 +47,9 @@ static void record_bind(CUmemGenericAllocationHandle mc_h, int dev, size_t mc_of
     struct gs_mcast *mc = gs_find_mcast_h(mc_h);
     if (mc) {
         struct gs_mcbind *b = GS_PUSH(gs.mcbinds);
-        memset(b, 0, sizeof(*b));
-        b->mc_id = mc->id;
-        b->dev = dev;
-        b->mc_offset = mc_off;
-        b->size = size;
-        b->mem_h = mem_h;
-        b->mem_ptr = mem_ptr;
-        b->mem_offset = mem_off;
-        b->flags = flags;
+        *b = (struct gs_mcbind){.mc_id = mc->id, .dev = dev, .mc_offset = mc_off, .size = size,
+                                .mem_h = mem_h, .mem_ptr = mem_ptr, .mem_offset = mem_off,
+                                .flags = flags};
         if (mem_ptr) {
             struct gs_map *m = gs_find_map_at(mem_ptr);
             if (m && m->kind == GS_OBJ_ALLOC)
