@@ -25,6 +25,10 @@ NO_MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST":
                     "NVSHMEM_DISABLE_NVLS": "1"}
 GIB = 1 << 30
 
+if os.path.join(REPO, "tests") not in sys.path:  # the process helpers the tests use too
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+from procs import become_subreaper, reap_children  # noqa: E402,F401  (become_subreaper: bl.*)
+
 
 # ----------------------------------------------------------------------------------------- rows
 
@@ -360,11 +364,7 @@ class Workload:
                 pass
         deadline = time.monotonic() + timeout
         while True:
-            try:  # every zombie child: a helper of the tree (multiprocessing's resource tracker)
-                while os.waitpid(-1, os.WNOHANG)[0]:  # still holds the tree's session id
-                    pass
-            except ChildProcessError:
-                pass
+            reap_children()  # a helper of the tree (the resource tracker) holds its session id
             if not any(_state(p) not in ("X", None) for p in self.pids) or time.monotonic() > deadline:
                 return
             time.sleep(0.02)
@@ -387,13 +387,6 @@ class Workload:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-
-
-def become_subreaper():
-    """Processes that a restore reparents (a restored tree's root, once the tool exits) become this
-    process's children, so that Workload.reap can free their pids for the next restore."""
-    import ctypes
-    ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
 def _state(pid):

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 
 from fakecuda.build import build_fake_driver  # noqa: E402
+from procs import ReadyProcesses  # noqa: E402
 
 # Keep NVLink multicast off in every process a test starts (README, "Development").
 NO_MULTICAST_ENV = {
@@ -85,24 +85,9 @@ def fake_server():
     if os.geteuid() != 0:
         pytest.skip("needs root to run servers as other users")
     script = os.path.join(_TESTS_DIR, "shimctl", "fakeserver.py")
-    started = []
-
-    def start(mode, *args):
-        p = subprocess.Popen([sys.executable, script, mode, *map(str, args)], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, text=True)
-        started.append(p)
-        hello = json.loads(p.stdout.readline())
-        assert hello["ready"], hello
-        return hello["pid"]
-
-    yield start
-    for p in started:
-        p.stdin.close()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    servers = ReadyProcesses()
+    yield lambda mode, *args: servers.start([sys.executable, script, mode, *map(str, args)])[1]["pid"]
+    servers.stop()
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,7 @@ import signal
 import time
 
 from ..errors import ProcessError
+from ..shimctl.client import ns_pid
 
 SHIM_THREAD_NAME = "criu-gpushare"
 
@@ -55,15 +56,12 @@ def thread_ids(pid):
 
 
 def ns_tid(pid, tid):
-    """tid as the process sees it in its own pid namespace (what CRIU restores), or None."""
+    """tid (a thread of pid, which is stopped) as the process sees it in its own pid namespace
+    (what CRIU restores), or None when it cannot be read."""
     try:
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
-            for line in f:
-                if line.startswith("NSpid:"):
-                    return int(line.split()[-1])
-    except OSError:
+        return ns_pid(tid)  # a thread's /proc/<tid>/status is its own
+    except (ProcessError, OSError):
         return None
-    return tid
 
 
 def tid_of_ns_tid(pid, nstid):

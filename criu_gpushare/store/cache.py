@@ -8,9 +8,7 @@ so evicting or losing cache entries is always safe.
 """
 import os
 
-from ..errors import StoreError
-from . import fsutil
-from .chunkdir import ChunkDamaged, ChunkDir
+from .chunkdir import ChunkDamaged, ChunkDir, open_root
 
 
 class NodeCache:
@@ -24,20 +22,7 @@ class NodeCache:
     def open(cls, path, limit_bytes=None, create=True):
         """Open (or make) a cache directory; the same ownership rules as a store apply."""
         path = os.path.abspath(path)
-        if create:
-            try:
-                os.makedirs(path, mode=0o755, exist_ok=True)
-            except OSError as e:
-                raise StoreError(f"{path}: cannot create the cache: {fsutil.describe(e)}") from e
-        fd = fsutil.open_dir(path)
-        try:
-            fsutil.check_trusted(fd, path)
-            cache = cls(path, fd, limit_bytes)
-            fsutil.check_trusted(cache.chunks.fd, cache.chunks.path)
-            return cache
-        except BaseException:
-            os.close(fd)
-            raise
+        return open_root(path, create, "cache", lambda fd: cls(path, fd, limit_bytes))
 
     def close(self):
         self.chunks.close()

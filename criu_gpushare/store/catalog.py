@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import StoreError
-from . import fsutil
+from . import docs, fsutil
 from .layout import (MANIFESTS_DIR, MANIFEST_SUFFIX, REFS_DIR, chunk_id, is_chunk_id, is_ref_name,
                      is_temp_name, manifest_name)
 from .manifest import parse_manifest
@@ -139,17 +139,10 @@ def read_ref(store, name):
 
 def parse_ref(data, path, name):
     """A Ref from a ref file's bytes; every problem names `path`."""
-    try:
-        doc = json.loads(data)
-        ok = isinstance(doc, dict) and doc.get("format") == REF_FORMAT
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        ok = False
-    if not ok:
+    doc = docs.load(data, REF_FORMAT)
+    if doc is None:
         raise StoreError(f"{path}: bad ref: not a {REF_FORMAT} JSON file")
-    version = doc.get("version")
-    if not isinstance(version, int) or version > REF_VERSION or version < 1:
-        raise StoreError(f"{path}: ref format version {version!r} is not one this tool reads "
-                         f"(version {REF_VERSION}); upgrade criu-gpushare")
+    docs.check_version(doc, REF_VERSION, path, "ref")
     mid = doc.get("manifest")
     if not is_chunk_id(mid):
         raise StoreError(f"{path}: bad ref: manifest {mid!r} is not a manifest id")

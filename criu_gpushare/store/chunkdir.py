@@ -44,6 +44,26 @@ def check_bytes(cid, view, path):
 _FANOUT_NAMES = frozenset(f"{i:02x}" for i in range(256))
 
 
+def open_root(path, create, what, build):
+    """Opens the directory `path` that holds a chunks/ directory (with create, makes it and its
+    parents first) and returns build(fd); refuses the directory or its chunks/ when not trusted
+    (fsutil.check_trusted), closing the fd when anything fails. `what` names it in errors."""
+    if create:
+        try:
+            os.makedirs(path, mode=0o755, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{path}: cannot create the {what}: {fsutil.describe(e)}") from e
+    fd = fsutil.open_dir(path)
+    try:
+        fsutil.check_trusted(fd, path)
+        opened = build(fd)
+        fsutil.check_trusted(opened.chunks.fd, opened.chunks.path)
+        return opened
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 @dataclass(frozen=True)
 class ChunkFile:
     """One entry found in a chunks/ tree."""
@@ -80,20 +100,7 @@ class ChunkDir:
 
     def fanout_fd(self, name, create=False):
         """The fd of fan-out directory `name`, or None when it does not exist and create is False."""
-        fd = self._fanout_fds.get(name)
-        if fd is not None:
-            return fd
-        path = os.path.join(self.path, name)
-        fd = fsutil.open_dir(path, name, dir_fd=self.fd, create=create, missing_ok=True)
-        if fd is None:
-            return None
-        fsutil.check_trusted(fd, path, close_on_error=True)
-        with self._lock:
-            if name in self._fanout_fds:  # another thread opened it meanwhile
-                os.close(fd)
-                return self._fanout_fds[name]
-            self._fanout_fds[name] = fd
-        return fd
+        return fsutil.open_dir_once(self._fanout_fds, self._lock, self.fd, self.path, name, create)
 
     # -- single chunks --------------------------------------------------------------------------
 

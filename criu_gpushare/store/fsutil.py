@@ -59,6 +59,25 @@ def open_dir(path, name=None, dir_fd=None, create=False, mode=0o755, missing_ok=
             raise StoreError(f"{path}: {describe(e)}") from e
 
 
+def open_dir_once(fds, lock, parent_fd, parent_path, name, create):
+    """The fd of directory `name` under parent_fd, opened and checked trusted once, then kept in
+    the dict `fds` (guarded by `lock`); None when it does not exist and create is False."""
+    fd = fds.get(name)
+    if fd is not None:
+        return fd
+    path = os.path.join(parent_path, name)
+    fd = open_dir(path, name, dir_fd=parent_fd, create=create, missing_ok=True)
+    if fd is None:
+        return None
+    check_trusted(fd, path, close_on_error=True)
+    with lock:
+        if name in fds:  # another thread opened it meanwhile
+            os.close(fd)
+            return fds[name]
+        fds[name] = fd
+    return fd
+
+
 def check_trusted(fd, path, close_on_error=False):
     """Refuse a directory that someone other than us (or root) could write into.
 
@@ -123,35 +142,15 @@ def _clear_direct(fd):
     fcntl.fcntl(fd, fcntl.F_SETFL, fl & ~O_DIRECT)
 
 
-def write_all(fd, view):
-    """Write the whole buffer; if the file system refuses O_DIRECT I/O (EINVAL), go on buffered.
-
-    os.write releases the GIL. Returns True when O_DIRECT had to be dropped.
-    """
+def _whole_buffer(fd, view, step):
+    """Calls step(rest, offset) over the buffer until it is done or a call returns 0; if the file
+    system refuses O_DIRECT I/O (EINVAL), clears O_DIRECT once and goes on buffered. Returns the
+    bytes done and whether O_DIRECT had to be dropped."""
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     done, dropped = 0, False
     while done < len(view):
         try:
-            n = os.write(fd, view[done:])
-        except OSError as e:
-            if e.errno == errno.EINVAL and O_DIRECT and not dropped:
-                _clear_direct(fd)
-                dropped = True
-                continue
-            raise
-        if n == 0:
-            raise OSError(errno.EIO, "write returned 0")
-        done += n
-    return dropped
-
-
-def read_into(fd, view):
-    """Read into the whole buffer from offset 0; returns the bytes read (short at end of file)."""
-    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-    done, dropped = 0, False
-    while done < len(view):
-        try:
-            n = os.preadv(fd, [view[done:]], done)
+            n = step(view[done:], done)
         except OSError as e:
             if e.errno == errno.EINVAL and O_DIRECT and not dropped:
                 _clear_direct(fd)
@@ -161,7 +160,23 @@ def read_into(fd, view):
         if n == 0:
             break
         done += n
-    return done
+    return done, dropped
+
+
+def write_all(fd, view):
+    """Write the whole buffer; if the file system refuses O_DIRECT I/O (EINVAL), go on buffered.
+
+    os.write releases the GIL. Returns True when O_DIRECT had to be dropped.
+    """
+    done, dropped = _whole_buffer(fd, view, lambda rest, _offset: os.write(fd, rest))
+    if done < view.nbytes:
+        raise OSError(errno.EIO, "write returned 0")
+    return dropped
+
+
+def read_into(fd, view):
+    """Read into the whole buffer from offset 0; returns the bytes read (short at end of file)."""
+    return _whole_buffer(fd, view, lambda rest, offset: os.preadv(fd, [rest], offset))[0]
 
 
 def create_temp(dir_fd, dir_path, final_name, flags=0):

@@ -63,7 +63,8 @@ class HoldInfo:
 
 
 class Hold:
-    """A hold this process took; release() removes it (idempotent). Also a context manager."""
+    """A hold this process took; release() removes it (idempotent). Also a context manager.
+    This one is in a directory store; an S3 store's (S3Hold) removes its object instead."""
 
     def __init__(self, store, info):
         self.store, self.info = store, info
@@ -71,8 +72,11 @@ class Hold:
         self.released = False
 
     def release(self):
-        if self.released:
-            return
+        if not self.released:
+            self._remove()
+            self.released = True
+
+    def _remove(self):
         dfd = _ref_dir(self.store, self.ref, create=False)
         if dfd is not None:
             try:
@@ -80,7 +84,6 @@ class Hold:
                 fsutil.fsync_dir(dfd, os.path.dirname(self.path))
             finally:
                 os.close(dfd)
-        self.released = True
 
     def __enter__(self):
         return self
@@ -89,7 +92,7 @@ class Hold:
         self.release()
 
     def __repr__(self):
-        return f"Hold({self.path!r})"
+        return f"{type(self).__name__}({self.path!r})"
 
 
 # -- who we are, and whether a process is the one a hold names ------------------------------------

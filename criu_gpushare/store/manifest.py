@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import StoreError
+from . import docs
 from .layout import CHUNK_SIZE_MAX, is_chunk_id
 
 MANIFEST_FORMAT = "criu-gpushare-manifest"
@@ -95,12 +96,7 @@ def parse_manifest(data, path):
         raise bad(f"not JSON ({e})") from e
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise bad(f'"format" is not "{MANIFEST_FORMAT}"')
-    version = doc.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise bad(f'"version" is {version!r}, not a positive integer')
-    if version > MANIFEST_VERSION:
-        raise StoreError(f"{path}: manifest format version {version} is newer than this tool "
-                         f"reads (version {MANIFEST_VERSION}); upgrade criu-gpushare")
+    docs.check_version(doc, MANIFEST_VERSION, path, "manifest")
     try:
         procs = []
         for p in _list(doc, "processes"):

@@ -292,24 +292,11 @@ class S3Store(ChunkStore):
         return collect_garbage(self, grace_s, dry_run)
 
 
-class S3Hold:
-    """A hold this process took on an S3 store; release() removes it (idempotent)."""
+class S3Hold(holdlib.Hold):
+    """A hold this process took on an S3 store; release() removes its object (idempotent)."""
 
-    def __init__(self, store, info):
-        self.store, self.info = store, info
-        self.ref, self.name, self.path = info.ref, info.name, info.path
-        self.released = False
-
-    def release(self):
-        if not self.released:
-            self.store.client.delete([f"holds/{self.ref}/{self.name}"])
-            self.released = True
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
+    def _remove(self):
+        self.store.client.delete([f"holds/{self.ref}/{self.name}"])
 
 
 class S3WriteSession(Tally):

@@ -16,9 +16,9 @@ import json
 import os
 
 from ..errors import StoreError
-from . import catalog, fsutil, holds
+from . import catalog, docs, fsutil, holds
 from .base import ChunkStore
-from .chunkdir import ChunkDir, ChunkMissing
+from .chunkdir import ChunkDir, ChunkMissing, open_root
 from .leases import WriteSession
 from .results import PutResult, PutStatus
 from .layout import CHUNK_SIZE_MAX, HASH_NAME, STORE_FILE, STORE_FORMAT, STORE_VERSION
@@ -45,25 +45,17 @@ class Store(ChunkStore):
         refuses a store of a newer format version.
         """
         path = os.path.abspath(path)
-        if create:
-            try:
-                os.makedirs(path, mode=0o755, exist_ok=True)
-            except OSError as e:
-                raise StoreError(f"{path}: cannot create the store: {fsutil.describe(e)}") from e
         if not create and not os.path.lexists(path):
             raise StoreError(f"{path}: no store here (no such directory); the first dump creates "
                              f"it, or name another with --store or CRIU_GPUSHARE_STORE")
-        root_fd = fsutil.open_dir(path)
-        try:
-            fsutil.check_trusted(root_fd, path)
+
+        def build(root_fd):
             _check_or_write_store_file(root_fd, path, create)
             store = cls(path, root_fd, create, cache)
             store.chunks.direct_refused = not direct_io
-            fsutil.check_trusted(store.chunks.fd, store.chunks.path)
             return store
-        except BaseException:
-            os.close(root_fd)
-            raise
+
+        return open_root(path, create, "store", build)
 
     def close(self):
         self.chunks.close()
@@ -77,21 +69,9 @@ class Store(ChunkStore):
 
     def dir_fd(self, name, create=None):
         """fd of a top-level directory (manifests, refs, leases, gc); None if absent (reading)."""
-        fd = self._dir_fds.get(name)
-        if fd is None:
-            create = self._create if create is None else create
-            path = os.path.join(self.path, name)
-            fd = fsutil.open_dir(path, name, dir_fd=self.root_fd, create=create, missing_ok=True)
-            if fd is None:
-                return None
-            fsutil.check_trusted(fd, path, close_on_error=True)
-            with self._lock:
-                if name in self._dir_fds:  # another thread opened it meanwhile
-                    os.close(fd)
-                else:
-                    self._dir_fds[name] = fd
-                fd = self._dir_fds[name]
-        return fd
+        create = self._create if create is None else create
+        return fsutil.open_dir_once(self._dir_fds, self._lock, self.root_fd, self.path, name,
+                                    create)
 
     # -- chunks ---------------------------------------------------------------------------------
 
@@ -251,19 +231,10 @@ def _check_or_write_store_file(root_fd, path, create):
 
 def check_store_doc(data, file_path):
     """Refuse store.json bytes that are not a store file this tool reads (naming `file_path`)."""
-    try:
-        doc = json.loads(data)
-        ok = isinstance(doc, dict) and doc.get("format") == STORE_FORMAT
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        ok = False
-    if not ok:
+    doc = docs.load(data, STORE_FORMAT)
+    if doc is None:
         raise StoreError(f"{file_path}: not a criu-gpushare store file")
-    version = doc.get("version")
-    if not isinstance(version, int) or version < 1:
-        raise StoreError(f"{file_path}: bad store format version {version!r}")
-    if version > STORE_VERSION:
-        raise StoreError(f"{file_path}: store format version {version} is newer than this tool "
-                         f"reads (version {STORE_VERSION}); upgrade criu-gpushare")
+    docs.check_version(doc, STORE_VERSION, file_path, "store")
     if doc.get("hash") != HASH_NAME:
         raise StoreError(f"{file_path}: chunks hashed with {doc.get('hash')!r}, this tool knows "
                          f"only {HASH_NAME}")

@@ -50,11 +50,7 @@ static int access_list(int dev, CUmemAccessDesc *desc, int max)
 static void record_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle h)
 {
     struct gs_map *m = GS_PUSH(gs.maps);
-    memset(m, 0, sizeof(*m));
-    m->va = va;
-    m->size = size;
-    m->offset = offset;
-    m->h = h;
+    *m = (struct gs_map){.va = va, .size = size, .offset = offset, .h = h};
     m->kind = gs_classify_handle(h, &m->obj_id);
     if (m->kind == GS_OBJ_IMPORT) { /* the exporter's size is not known yet: the mapping tells */
         struct gs_import *im = gs_find_import_h(h);
@@ -66,12 +62,7 @@ static void record_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericA
 CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
                              const CUmemAllocationProp *prop, unsigned long long flags)
 {
-    __typeof__(&cuMemCreate) real = REAL(cuMemCreate);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth || !prop || !handle)
-        return real(handle, size, prop, flags);
-    gs_depth++;
+    GS_ENTER_UNLESS(!prop || !handle, cuMemCreate, handle, size, prop, flags);
     gs_want_server();
     CUmemAllocationProp p = *prop;
     p.requestedHandleTypes |= CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
@@ -83,35 +74,23 @@ CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size,
     if (r == CUDA_SUCCESS) {
         gs_lock();
         gs_xlat_forget(*handle, 1); /* a value the driver reuses means the new object now */
-        struct gs_alloc *a = GS_PUSH(gs.allocs);
-        memset(a, 0, sizeof(*a));
-        a->id = gs_new_id();
-        a->h = *handle;
-        a->size = size;
-        a->dev = p.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p.location.id : -1;
-        a->origin = GS_ORIGIN_CUMEM;
-        a->handle_types = p.requestedHandleTypes;
+        *GS_PUSH(gs.allocs) = (struct gs_alloc){
+            .id = gs_new_id(), .h = *handle, .size = size, .origin = GS_ORIGIN_CUMEM,
+            .dev = p.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? p.location.id : -1,
+            .handle_types = p.requestedHandleTypes};
         gs_unlock();
     }
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 {
-    __typeof__(&cuMemRelease) real = REAL(cuMemRelease);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(handle);
-    gs_depth++;
+    GS_ENTER(cuMemRelease, handle);
     CUmemGenericAllocationHandle app = handle;
     handle = gs_xlat(handle); /* memory re-created by a resume has a new handle */
     CUresult r = real(handle);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     gs_lock();
     gs_xlat_forget(app, 0);
     int found = 0;
@@ -132,77 +111,47 @@ CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
         else if (mc)
             mc->app_released = 1;
         /* Exports of a handle that was never identified die with it: the value may be reused. */
-        for (size_t i = 0; i < gs.exports.n;)
-            if (gs.exports.v[i].kind == GS_OBJ_UNKNOWN && gs.exports.v[i].h == handle) {
-                close(gs.exports.v[i].fd);
-                GS_DEL(gs.exports, i);
-            } else {
-                i++;
-            }
+        GS_DROP_IF(gs.exports, e->kind == GS_OBJ_UNKNOWN && e->h == handle, close(e->fd));
         gs_collect();
     }
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
                           CUmemGenericAllocationHandle handle, unsigned long long flags)
 {
-    __typeof__(&cuMemMap) real = REAL(cuMemMap);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(ptr, size, offset, handle, flags);
-    gs_depth++;
+    GS_ENTER(cuMemMap, ptr, size, offset, handle, flags);
     handle = gs_xlat(handle);
     CUresult r = real(ptr, size, offset, handle, flags);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     gs_lock();
     record_map(ptr, size, offset, handle);
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
 {
-    __typeof__(&cuMemUnmap) real = REAL(cuMemUnmap);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(ptr, size);
-    gs_depth++;
+    GS_ENTER(cuMemUnmap, ptr, size);
     CUresult r = real(ptr, size);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     gs_lock();
     gs_forget_maps(ptr, size);
     gs_collect();
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc,
                                 size_t count)
 {
-    __typeof__(&cuMemSetAccess) real = REAL(cuMemSetAccess);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(ptr, size, desc, count);
-    gs_depth++;
+    GS_ENTER(cuMemSetAccess, ptr, size, desc, count);
     CUresult r = real(ptr, size, desc, count);
-    if (r != CUDA_SUCCESS || !desc) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS || !desc)
+        return gs_leave(r);
     gs_lock();
     for (size_t i = 0; i < gs.maps.n; i++) {
         struct gs_map *m = &gs.maps.v[i];
@@ -210,23 +159,15 @@ CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessD
             gs_merge_access(m, desc, count);
     }
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handle, void *addr)
 {
-    __typeof__(&cuMemRetainAllocationHandle) real = REAL(cuMemRetainAllocationHandle);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(handle, addr);
-    gs_depth++;
+    GS_ENTER(cuMemRetainAllocationHandle, handle, addr);
     CUresult r = real(handle, addr);
-    if (r != CUDA_SUCCESS || !handle) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS || !handle)
+        return gs_leave(r);
     gs_lock();
     gs_xlat_forget(*handle, 1);
     struct gs_map *m = gs_find_map_at((CUdeviceptr)(uintptr_t)addr);
@@ -237,22 +178,17 @@ CUresult CUDAAPI cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *handl
         al->obj_id = m->obj_id;
     }
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 /* ---- cuMemAlloc backed by exportable cuMem memory (backing.c) ------------------------------- */
 
 CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
-    __typeof__(&cuMemAlloc_v2) real = REAL(cuMemAlloc_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
     int dev;
-    if (gs_depth || !dptr || bytesize < gs_backing_min() || gs_backing_min() == 0 ||
-        current_device(&dev) != CUDA_SUCCESS)
-        return real(dptr, bytesize);
-    gs_depth++;
+    GS_ENTER_UNLESS(!dptr || bytesize < gs_backing_min() || gs_backing_min() == 0 ||
+                        current_device(&dev) != CUDA_SUCCESS,
+                    cuMemAlloc_v2, dptr, bytesize);
     gs_want_server();
     CUmemAccessDesc desc[GS_MAX_ACCESS];
     gs_lock();
@@ -261,15 +197,12 @@ CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
     CUresult r = gs_backing_alloc(dptr, bytesize, dev, GS_ORIGIN_MALLOC, NULL, desc, n);
     if (r != CUDA_SUCCESS)
         r = real(dptr, bytesize); /* plain memory still works; the driver path will handle it */
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
-    __typeof__(&cuMemFree_v2) real = REAL(cuMemFree_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuMemFree_v2);
     if (gs_depth)
         return real(dptr);
     CUmemGenericAllocationHandle h;
@@ -291,8 +224,7 @@ CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
     CUresult r = CU(CUresult(*)(void), cuCtxSynchronize);
     if (r == CUDA_SUCCESS || r == CUDA_ERROR_INVALID_CONTEXT)
         r = gs_backing_destroy(dptr, size, h);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 /* ---- peer access ---------------------------------------------------------------------------- */
@@ -327,16 +259,13 @@ static CUresult peer_access(CUcontext peer, unsigned flags, int enable)
     gs_depth++;
     CUresult r = enable ? REAL(cuCtxEnablePeerAccess)(peer, flags)
                         : REAL(cuCtxDisablePeerAccess)(peer);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     int owner, accessor;
     if (gs_context_device(peer, &owner) == CUDA_SUCCESS && current_device(&accessor) == CUDA_SUCCESS &&
         owner >= 0 && owner < GS_MAX_DEV && accessor >= 0 && accessor < GS_MAX_DEV)
         apply_peer_access(owner, accessor, enable);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)

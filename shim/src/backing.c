@@ -22,24 +22,13 @@ void gs_backing_record(CUdeviceptr va, size_t size, CUmemGenericAllocationHandle
                        int origin, CUmemoryPool pool, const CUmemAccessDesc *access, int n_access)
 {
     struct gs_alloc *a = GS_PUSH(gs.allocs);
-    memset(a, 0, sizeof(*a));
-    a->id = gs_new_id();
-    a->h = h;
-    a->size = size;
-    a->dev = dev;
-    a->origin = origin;
-    a->pool = pool;
-    a->handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
-    a->va = va;
+    *a = (struct gs_alloc){.id = gs_new_id(), .h = h, .size = size, .dev = dev, .origin = origin,
+                           .pool = pool, .handle_types = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                           .va = va};
     if (origin == GS_ORIGIN_ASYNC)
         __atomic_add_fetch(&gs.n_async, 1, __ATOMIC_RELAXED);
     struct gs_map *m = GS_PUSH(gs.maps);
-    memset(m, 0, sizeof(*m));
-    m->va = va;
-    m->size = size;
-    m->h = h;
-    m->kind = GS_OBJ_ALLOC;
-    m->obj_id = a->id;
+    *m = (struct gs_map){.va = va, .size = size, .h = h, .kind = GS_OBJ_ALLOC, .obj_id = a->id};
     gs_merge_access(m, access, (size_t)n_access);
 }
 

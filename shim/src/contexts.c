@@ -27,9 +27,7 @@ static void remember(CUcontext c)
 
 CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-    __typeof__(&cuCtxCreate_v2) real = REAL(cuCtxCreate_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuCtxCreate_v2);
     CUresult r = real(pctx, flags, dev);
     if (r == CUDA_SUCCESS && !gs_depth)
         remember(*pctx);
@@ -39,9 +37,7 @@ CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice de
 CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, int n,
                                 unsigned int flags, CUdevice dev)
 {
-    __typeof__(&cuCtxCreate_v3) real = REAL(cuCtxCreate_v3);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuCtxCreate_v3);
     CUresult r = real(pctx, params, n, flags, dev);
     if (r == CUDA_SUCCESS && !gs_depth)
         remember(*pctx);
@@ -51,9 +47,7 @@ CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *params, in
 CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsigned int flags,
                                 CUdevice dev)
 {
-    __typeof__(&cuCtxCreate_v4) real = REAL(cuCtxCreate_v4);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuCtxCreate_v4);
     CUresult r = real(pctx, params, flags, dev);
     if (r == CUDA_SUCCESS && !gs_depth)
         remember(*pctx);
@@ -62,9 +56,7 @@ CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *params, unsi
 
 CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
 {
-    __typeof__(&cuCtxDestroy_v2) real = REAL(cuCtxDestroy_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuCtxDestroy_v2);
     pthread_mutex_lock(&ctx_mu);
     CUresult r = real(ctx);
     if (r == CUDA_SUCCESS)

@@ -23,13 +23,8 @@ static void record_host(void *p, size_t size, unsigned flags, int owned)
     if (flags & CU_MEMHOSTREGISTER_DEVICEMAP)
         CU(CUresult(*)(CUdeviceptr *, void *, unsigned), cuMemHostGetDevicePointer_v2, &dptr, p, 0);
     gs_lock();
-    struct gs_host *h = GS_PUSH(gs.hosts);
-    memset(h, 0, sizeof(*h));
-    h->p = p;
-    h->size = size;
-    h->flags = flags;
-    h->owned = owned;
-    h->dptr = dptr;
+    *GS_PUSH(gs.hosts) =
+        (struct gs_host){.p = p, .size = size, .flags = flags, .owned = owned, .dptr = dptr};
     gs_unlock();
 }
 
@@ -79,8 +74,7 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned int Flags)
     CUresult r = shim_host_alloc(pp, bytesize, GS_HOST_REGISTER_FLAGS);
     if (r != CUDA_SUCCESS)
         r = real(pp, bytesize, Flags);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
@@ -95,15 +89,12 @@ CUresult CUDAAPI cuMemAllocHost_v2(void **pp, size_t bytesize)
     CUresult r = shim_host_alloc(pp, bytesize, GS_HOST_REGISTER_FLAGS);
     if (r != CUDA_SUCCESS)
         r = real(pp, bytesize);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemFreeHost(void *p)
 {
-    __typeof__(&cuMemFreeHost) real = REAL(cuMemFreeHost);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuMemFreeHost);
     size_t size;
     int owned;
     if (gs_depth || !take_host(p, &size, &owned))
@@ -119,29 +110,18 @@ CUresult CUDAAPI cuMemFreeHost(void *p)
 
 CUresult CUDAAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)
 {
-    __typeof__(&cuMemHostRegister_v2) real = REAL(cuMemHostRegister_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(p, bytesize, Flags);
-    gs_depth++;
+    GS_ENTER(cuMemHostRegister_v2, p, bytesize, Flags);
     CUresult r = real(p, bytesize, Flags);
     if (r == CUDA_SUCCESS) {
         gs_want_server();
         record_host(p, bytesize, Flags, 0);
     }
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemHostUnregister(void *p)
 {
-    __typeof__(&cuMemHostUnregister) real = REAL(cuMemHostUnregister);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(p);
-    gs_depth++;
+    GS_ENTER(cuMemHostUnregister, p);
     CUresult r = real(p);
     if (r == CUDA_SUCCESS) {
         size_t size;
@@ -156,6 +136,5 @@ CUresult CUDAAPI cuMemHostUnregister(void *p)
         if (!is_owned)
             take_host(p, &size, &owned);
     }
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }

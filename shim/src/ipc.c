@@ -249,12 +249,7 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
                                               CUmemAllocationHandleType handleType,
                                               unsigned long long flags)
 {
-    __typeof__(&cuMemExportToShareableHandle) real = REAL(cuMemExportToShareableHandle);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(shareableHandle, handle, handleType, flags);
-    gs_depth++;
+    GS_ENTER(cuMemExportToShareableHandle, shareableHandle, handle, handleType, flags);
     handle = gs_xlat(handle); /* memory re-created by a resume has a new handle */
     CUresult r = real(shareableHandle, handle, handleType, flags);
     if (r == CUDA_SUCCESS && handleType == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR &&
@@ -274,35 +269,22 @@ CUresult CUDAAPI cuMemExportToShareableHandle(void *shareableHandle,
                                             : "an unknown",
                      (unsigned long long)handle);
         }
-        if (dup >= 0) {
-            struct gs_export *e = GS_PUSH(gs.exports);
-            memset(e, 0, sizeof(*e));
-            e->fd = dup;
-            e->obj_id = id;
-            e->kind = kind;
-            e->h = handle;
-        }
+        if (dup >= 0)
+            *GS_PUSH(gs.exports) =
+                (struct gs_export){.fd = dup, .obj_id = id, .kind = kind, .h = handle};
         gs_unlock();
     }
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *handle,
                                                 void *osHandle,
                                                 CUmemAllocationHandleType shHandleType)
 {
-    __typeof__(&cuMemImportFromShareableHandle) real = REAL(cuMemImportFromShareableHandle);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(handle, osHandle, shHandleType);
-    gs_depth++;
+    GS_ENTER(cuMemImportFromShareableHandle, handle, osHandle, shHandleType);
     CUresult r = real(handle, osHandle, shHandleType);
-    if (r != CUDA_SUCCESS || !handle) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS || !handle)
+        return gs_leave(r);
     gs_want_server();
     pid_t pid = 0;
     struct gs_origin o = {0, 0, 0};
@@ -324,8 +306,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
         mc->creator_id = o.id;
         mc->prop.size = o.size;
         gs_unlock();
-        gs_depth--;
-        return r;
+        return gs_leave(r);
     }
     struct gs_import *im = gs_new_import(GS_IMPORT_FD);
     im->h = *handle;
@@ -337,8 +318,7 @@ CUresult CUDAAPI cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *ha
                         ? fcntl((int)(intptr_t)osHandle, F_DUPFD_CLOEXEC, 3)
                         : -1;
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 /* ---- legacy CUDA IPC ---------------------------------------------------------------------------- */
@@ -385,12 +365,7 @@ static int legacy_ipc_capable(CUdeviceptr dptr, CUdeviceptr *base, size_t *size)
 
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
-    __typeof__(&cuIpcGetMemHandle) real = REAL(cuIpcGetMemHandle);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth || !pHandle)
-        return real(pHandle, dptr);
-    gs_depth++;
+    GS_ENTER_UNLESS(!pHandle, cuIpcGetMemHandle, pHandle, dptr);
     struct gs_ipc_handle w;
     memset(&w, 0, sizeof(w));
     gs_lock();
@@ -436,8 +411,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
     }
     if (r == CUDA_SUCCESS)
         gs_want_server(); /* peers will ask for the memory */
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 /* ipcget (a peer opens a lazy handle): the driver's own handle of the memory at va, taken now. */
@@ -594,12 +568,7 @@ static int fetch_lazy_handle(const struct gs_ipc_lazy *l, CUipcMemHandle *h)
 CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle,
                                        unsigned int Flags)
 {
-    __typeof__(&cuIpcOpenMemHandle_v2) real = REAL(cuIpcOpenMemHandle_v2);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth || !pdptr)
-        return real(pdptr, handle, Flags);
-    gs_depth++;
+    GS_ENTER_UNLESS(!pdptr, cuIpcOpenMemHandle_v2, pdptr, handle, Flags);
     gs_want_server();
     struct gs_ipc_handle w;
     struct gs_ipc_lazy l;
@@ -608,8 +577,7 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
     CUresult r;
     if (!memcmp(w.magic, GS_IPC_MAGIC, sizeof(w.magic)) && w.version == 1) {
         r = open_shim_handle(&w, Flags, pdptr);
-        gs_depth--;
-        return r;
+        return gs_leave(r);
     }
     int lazy = !memcmp(l.magic, GS_IPC_LAZY_MAGIC, sizeof(l.magic)) && l.version == 1;
     if (lazy) {
@@ -637,18 +605,12 @@ CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle
         im->app_released = 1;
         gs_unlock();
     }
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-    __typeof__(&cuIpcCloseMemHandle) real = REAL(cuIpcCloseMemHandle);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(dptr);
-    gs_depth++;
+    GS_ENTER(cuIpcCloseMemHandle, dptr);
     gs_lock();
     struct gs_import *im = NULL;
     for (size_t i = 0; i < gs.imports.n && !im; i++) {
@@ -660,11 +622,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     CUdeviceptr va = im ? im->va : 0;
     size_t size = im ? im->size : 0;
     if (im) {
-        for (size_t i = 0; i < gs.maps.n;)
-            if (gs.maps.v[i].kind == GS_OBJ_IMPORT && gs.maps.v[i].obj_id == im->id)
-                GS_DEL(gs.maps, i);
-            else
-                i++;
+        GS_DROP_IF(gs.maps, e->kind == GS_OBJ_IMPORT && e->obj_id == im->id, );
         GS_DEL(gs.imports, (size_t)(im - gs.imports.v));
     }
     gs_unlock();
@@ -677,6 +635,5 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
     } else {
         r = real(dptr);
     }
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }

@@ -315,16 +315,7 @@ int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen)
     }
     closedir(d);
     close(null_fd);
-    for (size_t i = 0; i < gs.exports.n;) {
-        struct gs_export *e = &gs.exports.v[i];
-        if (export_voidable(e)) {
-            close(e->fd);
-            GS_DEL(gs.exports, i);
-            n_closed++;
-        } else {
-            i++;
-        }
-    }
+    GS_DROP_IF(gs.exports, export_voidable(e), close(e->fd); n_closed++);
     gs_buf_printf(body, "\"voided\":%d,\"closed\":%d", n_voided, n_closed);
     return 0;
 }
@@ -459,6 +450,20 @@ static void import_now(struct gs_import *im, CUmemGenericAllocationHandle nh)
     im->dropped = 0;
 }
 
+/* Maps import id's dropped mappings onto nh, the memory that replaces it; on failure releases nh,
+ * pops the context pushed for it and says why in err, naming the command (`what`). */
+static int map_import(const char *what, uint64_t id, CUmemGenericAllocationHandle nh, int pushed,
+                      char *err, size_t errlen)
+{
+    char why[200];
+    if (map_dropped(GS_OBJ_IMPORT, id, nh, why, sizeof(why)) == CUDA_SUCCESS)
+        return 0;
+    REAL(cuMemRelease)(nh);
+    gs_pop_ctx(pushed);
+    snprintf(err, errlen, "%s: import %llu: %s", what, (unsigned long long)id, why);
+    return -1;
+}
+
 int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf *body,
                 char *err, size_t errlen)
 {
@@ -485,14 +490,8 @@ int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf
                  (unsigned long long)id, im->size, dev, gs_cu_name(r));
         return -1;
     }
-    char why[200];
-    r = map_dropped(GS_OBJ_IMPORT, id, nh, why, sizeof(why));
-    if (r != CUDA_SUCCESS) {
-        REAL(cuMemRelease)(nh);
-        gs_pop_ctx(pushed);
-        snprintf(err, errlen, "adopt: import %llu: %s", (unsigned long long)id, why);
+    if (map_import("adopt", id, nh, pushed, err, errlen))
         return -1;
-    }
     import_now(im, nh);
     gs_pop_ctx(pushed);
     gs_buf_printf(body, "\"adopted\":true");
@@ -520,14 +519,8 @@ int gs_lc_attach(uint64_t id, int fd, struct gs_buf *body, char *err, size_t err
                  (unsigned long long)id, gs_cu_name(r));
         return -1;
     }
-    char why[200];
-    r = map_dropped(GS_OBJ_IMPORT, id, nh, why, sizeof(why));
-    if (r != CUDA_SUCCESS) {
-        REAL(cuMemRelease)(nh);
-        gs_pop_ctx(pushed);
-        snprintf(err, errlen, "attach: import %llu: %s", (unsigned long long)id, why);
+    if (map_import("attach", id, nh, pushed, err, errlen))
         return -1;
-    }
     for (size_t i = 0; i < gs.aliases.n; i++) {
         struct gs_alias *al = &gs.aliases.v[i];
         CUmemGenericAllocationHandle rh;

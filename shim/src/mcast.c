@@ -10,17 +10,10 @@
 CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
                                    const CUmulticastObjectProp *prop)
 {
-    __typeof__(&cuMulticastCreate) real = REAL(cuMulticastCreate);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, prop);
-    gs_depth++;
+    GS_ENTER(cuMulticastCreate, mcHandle, prop);
     CUresult r = real(mcHandle, prop);
-    if (r != CUDA_SUCCESS || !prop || !mcHandle) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS || !prop || !mcHandle)
+        return gs_leave(r);
     gs_want_server();
     gs_lock();
     struct gs_mcast *mc = GS_PUSH(gs.mcasts);
@@ -29,30 +22,21 @@ CUresult CUDAAPI cuMulticastCreate(CUmemGenericAllocationHandle *mcHandle,
     mc->h = *mcHandle;
     mc->prop = *prop;
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMulticastAddDevice(CUmemGenericAllocationHandle mcHandle, CUdevice dev)
 {
-    __typeof__(&cuMulticastAddDevice) real = REAL(cuMulticastAddDevice);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, dev);
-    gs_depth++;
+    GS_ENTER(cuMulticastAddDevice, mcHandle, dev);
     CUresult r = real(mcHandle, dev);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     gs_lock();
     struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
     if (mc && mc->n_devs < GS_MAX_DEV)
         mc->devs[mc->n_devs++] = (int)dev;
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 static void record_bind(CUmemGenericAllocationHandle mc_h, int dev, size_t mc_off, size_t size,
@@ -63,15 +47,9 @@ static void record_bind(CUmemGenericAllocationHandle mc_h, int dev, size_t mc_of
     struct gs_mcast *mc = gs_find_mcast_h(mc_h);
     if (mc) {
         struct gs_mcbind *b = GS_PUSH(gs.mcbinds);
-        memset(b, 0, sizeof(*b));
-        b->mc_id = mc->id;
-        b->dev = dev;
-        b->mc_offset = mc_off;
-        b->size = size;
-        b->mem_h = mem_h;
-        b->mem_ptr = mem_ptr;
-        b->mem_offset = mem_off;
-        b->flags = flags;
+        *b = (struct gs_mcbind){.mc_id = mc->id, .dev = dev, .mc_offset = mc_off, .size = size,
+                                .mem_h = mem_h, .mem_ptr = mem_ptr, .mem_offset = mem_off,
+                                .flags = flags};
         if (mem_ptr) {
             struct gs_map *m = gs_find_map_at(mem_ptr);
             if (m && m->kind == GS_OBJ_ALLOC)
@@ -112,67 +90,38 @@ CUresult CUDAAPI cuMulticastBindMem(CUmemGenericAllocationHandle mcHandle, size_
                                     CUmemGenericAllocationHandle memHandle, size_t memOffset,
                                     size_t size, unsigned long long flags)
 {
-    __typeof__(&cuMulticastBindMem) real = REAL(cuMulticastBindMem);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
-    gs_depth++;
+    GS_ENTER(cuMulticastBindMem, mcHandle, mcOffset, memHandle, memOffset, size, flags);
     CUresult r = real(mcHandle, mcOffset, memHandle, memOffset, size, flags);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     record_bind(mcHandle, mem_device(memHandle, 0), mcOffset, size, memHandle, 0, memOffset, flags);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMulticastBindAddr(CUmemGenericAllocationHandle mcHandle, size_t mcOffset,
                                      CUdeviceptr memptr, size_t size, unsigned long long flags)
 {
-    __typeof__(&cuMulticastBindAddr) real = REAL(cuMulticastBindAddr);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, mcOffset, memptr, size, flags);
-    gs_depth++;
+    GS_ENTER(cuMulticastBindAddr, mcHandle, mcOffset, memptr, size, flags);
     CUresult r = real(mcHandle, mcOffset, memptr, size, flags);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     record_bind(mcHandle, mem_device(0, memptr), mcOffset, size, 0, memptr, 0, flags);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMulticastUnbind(CUmemGenericAllocationHandle mcHandle, CUdevice dev,
                                    size_t mcOffset, size_t size)
 {
-    __typeof__(&cuMulticastUnbind) real = REAL(cuMulticastUnbind);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(mcHandle, dev, mcOffset, size);
-    gs_depth++;
+    GS_ENTER(cuMulticastUnbind, mcHandle, dev, mcOffset, size);
     CUresult r = real(mcHandle, dev, mcOffset, size);
-    if (r != CUDA_SUCCESS) {
-        gs_depth--;
-        return r;
-    }
+    if (r != CUDA_SUCCESS)
+        return gs_leave(r);
     gs_lock();
     struct gs_mcast *mc = gs_find_mcast_h(mcHandle);
-    for (size_t i = 0; mc && i < gs.mcbinds.n;) {
-        struct gs_mcbind *b = &gs.mcbinds.v[i];
-        if (b->mc_id == mc->id && b->dev == (int)dev && b->mc_offset >= mcOffset &&
-            b->mc_offset - mcOffset < size)
-            GS_DEL(gs.mcbinds, i);
-        else
-            i++;
-    }
+    if (mc)
+        GS_DROP_IF(gs.mcbinds, e->mc_id == mc->id && e->dev == (int)dev &&
+                                   e->mc_offset >= mcOffset && e->mc_offset - mcOffset < size, );
     gs_collect();
     gs_unlock();
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }

@@ -440,9 +440,7 @@ FREE_WRAPPER(cuMemFreeAsync_ptsz, 1)
 
 CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props)
 {
-    __typeof__(&cuMemPoolCreate) real = REAL(cuMemPoolCreate);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuMemPoolCreate);
     CUresult r = real(pool, props);
     if (r != CUDA_SUCCESS || gs_depth || !pool || !props)
         return r;
@@ -459,12 +457,7 @@ CUresult CUDAAPI cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props
 
 CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 {
-    __typeof__(&cuMemPoolDestroy) real = REAL(cuMemPoolDestroy);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(pool);
-    gs_depth++;
+    GS_ENTER(cuMemPoolDestroy, pool);
     release_cached(pool, 0, 1); /* the driver frees its own memory of the pool, not the shim's */
     CUresult r = real(pool);
     if (r == CUDA_SUCCESS) {
@@ -476,29 +469,20 @@ CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
             }
         pthread_mutex_unlock(&pools_mu);
     }
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-    __typeof__(&cuMemPoolTrimTo) real = REAL(cuMemPoolTrimTo);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
-    if (gs_depth)
-        return real(pool, minBytesToKeep);
-    gs_depth++;
+    GS_ENTER(cuMemPoolTrimTo, pool, minBytesToKeep);
     release_cached(pool, minBytesToKeep, 0); /* as the driver, only memory no work still uses */
     CUresult r = real(pool, minBytesToKeep);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *map, size_t count)
 {
-    __typeof__(&cuMemPoolSetAccess) real = REAL(cuMemPoolSetAccess);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuMemPoolSetAccess);
     CUresult r = real(pool, map, count);
     if (r != CUDA_SUCCESS || gs_depth || !map)
         return r;
@@ -524,17 +508,14 @@ CUresult CUDAAPI cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc *ma
         gs_unlock();
     }
     pthread_mutex_unlock(&pools_mu);
-    gs_depth--;
-    return r;
+    return gs_leave(r);
 }
 
 CUresult CUDAAPI cuMemPoolImportFromShareableHandle(CUmemoryPool *pool, void *handle,
                                                     CUmemAllocationHandleType type,
                                                     unsigned long long flags)
 {
-    __typeof__(&cuMemPoolImportFromShareableHandle) real = REAL(cuMemPoolImportFromShareableHandle);
-    if (!real)
-        return CUDA_ERROR_NOT_FOUND;
+    GS_REAL_OR_FAIL(cuMemPoolImportFromShareableHandle);
     CUresult r = real(pool, handle, type, flags);
     if (r == CUDA_SUCCESS && !gs_depth && pool) {
         pthread_mutex_lock(&pools_mu);

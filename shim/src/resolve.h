@@ -70,6 +70,26 @@ void *gs_wrapper_for(const char *name, void *real, int exact_name);
  * name, a callback) passes straight through without tracking. */
 extern __thread int gs_depth __attribute__((tls_model("initial-exec")));
 
+/* A wrapper's opening. GS_REAL_OR_FAIL: `real` is the driver's function; without it the call
+ * fails. GS_ENTER_UNLESS also passes a nested call, or one for which skip holds, straight through
+ * untracked, and otherwise enters the guard; the wrapper leaves it by returning gs_leave(r). */
+#define GS_REAL_OR_FAIL(name)                                                                   \
+    __typeof__(&name) real = REAL(name);                                                        \
+    if (!real)                                                                                  \
+        return CUDA_ERROR_NOT_FOUND
+#define GS_ENTER_UNLESS(skip, name, ...)                                                        \
+    GS_REAL_OR_FAIL(name);                                                                      \
+    if (gs_depth || (skip))                                                                     \
+        return real(__VA_ARGS__);                                                               \
+    gs_depth++
+#define GS_ENTER(name, ...) GS_ENTER_UNLESS(0, name, __VA_ARGS__)
+
+static inline CUresult gs_leave(CUresult r)
+{
+    gs_depth--;
+    return r;
+}
+
 /* The CUresult's name (cuGetErrorName), or "CUDA error". */
 const char *gs_cu_name(CUresult r);
 

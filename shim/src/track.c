@@ -60,26 +60,17 @@ struct gs_import *gs_new_import(int kind)
 
 struct gs_alloc *gs_find_alloc_h(CUmemGenericAllocationHandle h)
 {
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].h == h && !gs.allocs.v[i].app_released)
-            return &gs.allocs.v[i];
-    return NULL;
+    return GS_FIND(gs.allocs, e->h == h && !e->app_released);
 }
 
 struct gs_alloc *gs_find_alloc_id(uint64_t id)
 {
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].id == id)
-            return &gs.allocs.v[i];
-    return NULL;
+    return GS_FIND(gs.allocs, e->id == id);
 }
 
 struct gs_alloc *gs_find_backed_va(CUdeviceptr va)
 {
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].origin != GS_ORIGIN_CUMEM && gs.allocs.v[i].va == va)
-            return &gs.allocs.v[i];
-    return NULL;
+    return GS_FIND(gs.allocs, e->origin != GS_ORIGIN_CUMEM && e->va == va);
 }
 
 /* cuMemSetAccess changes only the locations it names: PROT_NONE removes one, anything else adds
@@ -115,51 +106,32 @@ void gs_merge_access(struct gs_map *m, const CUmemAccessDesc *desc, size_t count
 
 struct gs_import *gs_find_import_h(CUmemGenericAllocationHandle h)
 {
-    for (size_t i = 0; i < gs.imports.n; i++)
-        if (gs.imports.v[i].kind == GS_IMPORT_FD && gs.imports.v[i].h == h &&
-            !gs.imports.v[i].app_released)
-            return &gs.imports.v[i];
-    return NULL;
+    return GS_FIND(gs.imports, e->kind == GS_IMPORT_FD && e->h == h && !e->app_released);
 }
 
 struct gs_import *gs_find_import_id(uint64_t id)
 {
-    for (size_t i = 0; i < gs.imports.n; i++)
-        if (gs.imports.v[i].id == id)
-            return &gs.imports.v[i];
-    return NULL;
+    return GS_FIND(gs.imports, e->id == id);
 }
 
 struct gs_mcast *gs_find_mcast_h(CUmemGenericAllocationHandle h)
 {
-    for (size_t i = 0; i < gs.mcasts.n; i++)
-        if (gs.mcasts.v[i].h == h && !gs.mcasts.v[i].app_released)
-            return &gs.mcasts.v[i];
-    return NULL;
+    return GS_FIND(gs.mcasts, e->h == h && !e->app_released);
 }
 
 struct gs_mcast *gs_find_mcast_id(uint64_t id)
 {
-    for (size_t i = 0; i < gs.mcasts.n; i++)
-        if (gs.mcasts.v[i].id == id)
-            return &gs.mcasts.v[i];
-    return NULL;
+    return GS_FIND(gs.mcasts, e->id == id);
 }
 
 struct gs_map *gs_find_map_at(CUdeviceptr va)
 {
-    for (size_t i = 0; i < gs.maps.n; i++)
-        if (va >= gs.maps.v[i].va && va - gs.maps.v[i].va < gs.maps.v[i].size)
-            return &gs.maps.v[i];
-    return NULL;
+    return GS_FIND(gs.maps, va >= e->va && va - e->va < e->size);
 }
 
 struct gs_lazy_ipc *gs_find_lazy_ipc(CUdeviceptr va)
 {
-    for (size_t i = 0; i < gs.lazy_ipc.n; i++)
-        if (va >= gs.lazy_ipc.v[i].base && va - gs.lazy_ipc.v[i].base < gs.lazy_ipc.v[i].size)
-            return &gs.lazy_ipc.v[i];
-    return NULL;
+    return GS_FIND(gs.lazy_ipc, va >= e->base && va - e->base < e->size);
 }
 
 int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id)
@@ -179,95 +151,59 @@ int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id)
         *obj_id = mc->id;
         return GS_OBJ_MCAST;
     }
-    for (size_t i = 0; i < gs.aliases.n; i++)
-        if (gs.aliases.v[i].h == h) {
-            *obj_id = gs.aliases.v[i].obj_id;
-            return gs.aliases.v[i].kind;
-        }
+    struct gs_alias *al = GS_FIND(gs.aliases, e->h == h);
+    if (al) {
+        *obj_id = al->obj_id;
+        return al->kind;
+    }
     *obj_id = 0;
     return GS_OBJ_UNKNOWN;
 }
 
 static int mapped(int kind, uint64_t id)
 {
-    for (size_t i = 0; i < gs.maps.n; i++)
-        if (gs.maps.v[i].kind == kind && gs.maps.v[i].obj_id == id)
-            return 1;
-    return 0;
+    return GS_FIND(gs.maps, e->kind == kind && e->obj_id == id) != NULL;
+}
+
+static int bound(uint64_t mc_id)
+{
+    return GS_FIND(gs.mcbinds, e->mc_id == mc_id) != NULL;
+}
+
+static void close_kept_fds(const struct gs_import *im)
+{
+    if (im->unresolved_fd >= 0)
+        close(im->unresolved_fd);
+    if (im->import_fd >= 0)
+        close(im->import_fd);
 }
 
 void gs_forget_maps(CUdeviceptr va, size_t size)
 {
-    for (size_t i = 0; i < gs.maps.n;)
-        if (gs.maps.v[i].va >= va && gs.maps.v[i].va - va < size)
-            GS_DEL(gs.maps, i);
-        else
-            i++;
+    GS_DROP_IF(gs.maps, e->va >= va && e->va - va < size, );
 }
 
 void gs_forget_exports(int kind, uint64_t id)
 {
-    for (size_t i = 0; i < gs.exports.n;)
-        if (gs.exports.v[i].kind == kind && gs.exports.v[i].obj_id == id) {
-            close(gs.exports.v[i].fd);
-            GS_DEL(gs.exports, i);
-        } else {
-            i++;
-        }
+    GS_DROP_IF(gs.exports, e->kind == kind && e->obj_id == id, close(e->fd));
 }
 
 void gs_collect(void)
 {
-    for (size_t i = 0; i < gs.allocs.n;) {
-        struct gs_alloc *a = &gs.allocs.v[i];
-        if (a->origin == GS_ORIGIN_CUMEM && a->app_released && !mapped(GS_OBJ_ALLOC, a->id)) {
-            gs_forget_exports(GS_OBJ_ALLOC, a->id); /* the id dies with its allocation */
-            GS_DEL(gs.allocs, i);
-        } else {
-            i++;
-        }
-    }
-    for (size_t i = 0; i < gs.imports.n;) {
-        struct gs_import *im = &gs.imports.v[i];
-        if (im->kind == GS_IMPORT_FD && im->app_released && !mapped(GS_OBJ_IMPORT, im->id)) {
-            if (im->unresolved_fd >= 0)
-                close(im->unresolved_fd);
-            if (im->import_fd >= 0)
-                close(im->import_fd);
-            GS_DEL(gs.imports, i);
-        } else {
-            i++;
-        }
-    }
-    for (size_t i = 0; i < gs.mcasts.n;) {
-        struct gs_mcast *mc = &gs.mcasts.v[i];
-        int bound = 0;
-        for (size_t j = 0; j < gs.mcbinds.n; j++)
-            bound |= gs.mcbinds.v[j].mc_id == mc->id;
-        if (mc->app_released && !mapped(GS_OBJ_MCAST, mc->id) && !bound) {
-            gs_forget_exports(GS_OBJ_MCAST, mc->id);
-            GS_DEL(gs.mcasts, i);
-        } else {
-            i++;
-        }
-    }
+    GS_DROP_IF(gs.allocs,
+               e->origin == GS_ORIGIN_CUMEM && e->app_released && !mapped(GS_OBJ_ALLOC, e->id),
+               gs_forget_exports(GS_OBJ_ALLOC, e->id)); /* the id dies with its allocation */
+    GS_DROP_IF(gs.imports,
+               e->kind == GS_IMPORT_FD && e->app_released && !mapped(GS_OBJ_IMPORT, e->id),
+               close_kept_fds(e));
+    GS_DROP_IF(gs.mcasts, e->app_released && !mapped(GS_OBJ_MCAST, e->id) && !bound(e->id),
+               gs_forget_exports(GS_OBJ_MCAST, e->id));
 }
 
 int gs_anything_dropped(void)
 {
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].dropped)
-            return 1;
-    for (size_t i = 0; i < gs.imports.n; i++)
-        if (gs.imports.v[i].dropped)
-            return 1;
-    for (size_t i = 0; i < gs.maps.n; i++)
-        if (gs.maps.v[i].dropped)
-            return 1;
-    for (size_t i = 0; i < gs.hosts.n; i++)
-        if (gs.hosts.v[i].dropped)
-            return 1;
-    return 0;
+    return GS_FIND(gs.allocs, e->dropped) || GS_FIND(gs.imports, e->dropped) ||
+           GS_FIND(gs.maps, e->dropped) || GS_FIND(gs.hosts, e->dropped);
 }
 
 int gs_import_device(uint64_t id)

@@ -171,6 +171,31 @@ void gs_unlock(void);
 #define GS_PUSH(arr) ((arr).n == (arr).cap ? gs_grow((void **)&(arr).v, &(arr).cap, sizeof(*(arr).v)) : (void)0, \
                       &(arr).v[(arr).n++])
 #define GS_DEL(arr, i) ((arr).v[i] = (arr).v[--(arr).n])
+/* Removes every element `e` of arr for which cond holds, running `then` (statements over e, or
+ * nothing) on it first. The order of the rest changes, as with GS_DEL. */
+#define GS_DROP_IF(arr, cond, then)                                                                \
+    for (size_t gs_i_ = 0; gs_i_ < (arr).n;) {                                                     \
+        __typeof__((arr).v) e = &(arr).v[gs_i_];                                                   \
+        if (cond) {                                                                                \
+            then;                                                                                  \
+            GS_DEL(arr, gs_i_);                                                                    \
+        } else {                                                                                   \
+            gs_i_++;                                                                               \
+        }                                                                                          \
+    }
+/* The first element `e` of arr for which cond (an expression over e) holds, or NULL. */
+#define GS_FIND(arr, cond)                                                                         \
+    ({                                                                                             \
+        __typeof__((arr).v) gs_found_ = NULL;                                                      \
+        for (size_t gs_i_ = 0; gs_i_ < (arr).n; gs_i_++) {                                         \
+            __typeof__((arr).v) e = &(arr).v[gs_i_];                                               \
+            if (cond) {                                                                            \
+                gs_found_ = e;                                                                     \
+                break;                                                                             \
+            }                                                                                      \
+        }                                                                                          \
+        gs_found_;                                                                                 \
+    })
 void gs_grow(void **v, size_t *cap, size_t elem);
 
 uint64_t gs_new_id(void);

@@ -26,6 +26,24 @@ def test_self_test_prints_a_table_and_writes_json(script, tmp_path):
     assert doc["rows"] and all("out_gbps" in row for row in doc["rows"])
 
 
+WORKLOADS = sorted(p.name for p in (BENCH / "workloads").glob("*.py") if p.name != "wlcommon.py")
+
+
+@pytest.mark.parametrize("script", WORKLOADS)
+def test_every_workload_loads_and_parses_its_options_without_a_gpu(script):
+    """The workloads the bench and the GPU tests share (bench/workloads/) load on a machine without
+    a GPU or torch, so a broken import shows here and not first on the GPU machine."""
+    r = subprocess.run([sys.executable, str(BENCH / "workloads" / script), "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("usage:"), r.stdout + r.stderr
+
+
+def test_the_pair_workload_offers_what_the_gpu_tests_use():
+    r = subprocess.run([sys.executable, str(BENCH / "workloads" / "pair.py"), "--help"],
+                       capture_output=True, text=True, timeout=60)
+    assert "--busy" in r.stdout and "--shared-gib" in r.stdout, r.stdout
+
+
 def test_criu_rows_say_not_available_when_the_tool_lacks_dump(tmp_path):
     r = subprocess.run([sys.executable, str(BENCH / "checkpoint_bench.py"), "--self-test"],
                        capture_output=True, text=True, timeout=120)

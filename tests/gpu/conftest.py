@@ -16,10 +16,14 @@ from pathlib import Path
 
 import pytest
 
-PROBES_DIR = Path(__file__).resolve().parents[1] / "probes"
-if str(PROBES_DIR) not in sys.path:
-    sys.path.insert(0, str(PROBES_DIR))
+# The probe harness, and the workloads' library shared with the bench (bench/benchlib.py,
+# bench/workloads/), importable by every test here.
+REPO = Path(__file__).resolve().parents[2]
+for _d in (REPO / "tests" / "probes", REPO / "bench"):
+    if str(_d) not in sys.path:
+        sys.path.insert(0, str(_d))
 
+import benchlib  # noqa: E402
 from probe_harness import NO_MULTICAST_ENV, ProbeSession  # noqa: E402
 
 GPU_DIR = Path(__file__).resolve().parent
@@ -107,6 +111,29 @@ def probes(tmp_path):
     """A ProbeSession on the real driver; every process it started is SIGKILLed at the end."""
     with ProbeSession(tmp_path / "rv", gpu_env()) as session:
         yield session
+
+
+@pytest.fixture
+def bench_workload(tmp_path):
+    """Factory: bench_workload(script, *args, shim=True) starts a bench/workloads script, under the
+    shim unless shim=False (benchlib.Workload, ready and its contents' digest taken), with a store
+    and a run directory of this test; returns the workload and the environment for the tool. All
+    are killed at the end."""
+    started = []
+
+    def start(script, *args, shim=True):
+        run_dir = tmp_path / "run"
+        run_dir.mkdir(mode=0o700, exist_ok=True)
+        store = {"CRIU_GPUSHARE_STORE": str(tmp_path / "store")}
+        env = dict(benchlib.tool_env(str(run_dir)), **store)
+        wl = benchlib.Workload(script.split(".")[0], script, args, str(tmp_path), str(run_dir), store,
+                               shim=shim)
+        started.append(wl)
+        return wl.start(600), env
+
+    yield start
+    for wl in started:
+        wl.kill()
 
 
 @pytest.fixture

@@ -14,19 +14,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
+import benchlib as bl
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "tests" / "probes"))
-
-import benchlib as bl  # noqa: E402
-from criu_runner import run_criu  # noqa: E402
-from probe_harness import record  # noqa: E402
+from criu_runner import run_criu
+from probe_harness import record
 
 HOOK = shutil.which("criu-gpushare-hook")
 CALL_TIMEOUT_S = 120

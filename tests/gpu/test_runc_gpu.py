@@ -28,8 +28,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "criu"))  # runcbox
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "tests" / "probes"))
 
 from probe_harness import record  # noqa: E402
 

@@ -11,7 +11,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "examples" / "serving"))
-sys.path.insert(0, str(REPO / "tests" / "probes"))
 
 import demo  # noqa: E402
 from probe_harness import record  # noqa: E402

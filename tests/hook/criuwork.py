@@ -14,6 +14,7 @@ LC_WORKLOAD = os.path.join(TESTS, "engine", "lcworkload.py")
 sys.path.insert(0, os.path.join(TESTS, "engine"))
 # The suspend/resume tests' helpers work on anything with .do() and .pid, as Client has.
 from lctest import share, values, write  # noqa: E402,F401
+from procs import become_subreaper  # noqa: E402,F401  (tests import it from here too)
 
 
 class SockWorkload:
@@ -76,14 +77,6 @@ class Client:
                 if time.monotonic() > deadline:
                     raise AssertionError(f"workload {self.pid} does not answer on {self.path}")
                 time.sleep(0.05)
-
-
-def become_subreaper():
-    """Orphans of the trees we start (CRIU kills the parent with its children) become our children,
-    so that reap() can free their pids for the restore."""
-    import ctypes
-    PR_SET_CHILD_SUBREAPER = 36
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
 def reap(pids, timeout=10):

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from criuwork import Client, become_subreaper, kill_tree
+from criuwork import Client, kill_tree
+from procs import become_subreaper, reap_children
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HOOK = __import__("shutil").which("criu-gpushare-hook")
@@ -41,12 +42,8 @@ def reap_all(timeout=10):
     """Every process CRIU killed, reparented to us: multiprocessing's resource tracker too (a zombie
     still holds the tree's session id, and the restore needs that pid free)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                time.sleep(0.02)
-        except ChildProcessError:
-            return
+    while time.monotonic() < deadline and reap_children():
+        time.sleep(0.02)
 
 
 def assert_phases_add_up(summary, *names):

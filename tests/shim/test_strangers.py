@@ -14,6 +14,7 @@ import time
 import pytest
 
 from criu_gpushare.shimctl import client as control
+from procs import ReadyProcesses
 from shimtest import fd_pass
 from stranger import stranger_cmd
 
@@ -23,24 +24,9 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as 
 @pytest.fixture
 def stranger():
     """stranger(mode, *args): starts tests/shim/stranger.py as uid 1001; returns (process, hello)."""
-    started = []
-
-    def start(*args):
-        p = subprocess.Popen(stranger_cmd(*args), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             text=True)
-        started.append(p)
-        hello = json.loads(p.stdout.readline())
-        assert hello["ready"], hello
-        return p, hello
-
-    yield start
-    for p in started:
-        p.stdin.close()
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+    strangers = ReadyProcesses()
+    yield lambda *args: strangers.start(stranger_cmd(*args))
+    strangers.stop()
 
 
 def unclaimed_fd(exporter, importer, tmp_path, name):

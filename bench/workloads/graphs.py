@@ -1,31 +1,28 @@
 """A torch program with three CUDA graphs, replayed on command (tests/gpu/test_cuda_graphs.py).
 
+    python3 graphs.py [--ctl DIR]
+
   g1  matmul, copied into a static output tensor
   g2  captured on a side stream: a kernel (mul), a memcpy node (device copy), a memset node
       (cuMemsetD32Async on the capturing stream) and a kernel that reads both
   g3  its outputs allocated during capture, so they live in the graph's private memory pool
-Commands on stdin, one JSON line answered on stdout for each:
-  pid     -> {"pid": pid}
-  replay  -> {"g1": sha256, "g2": ..., "g3": ...}: every output is first overwritten with -1, then
-             each graph is replayed and its outputs hashed (bytes copied to the host)
-  exit
+Commands (wlcommon.py): `check` -> {"sha": digest of the three, "graphs": {"g1": sha256, "g2": ...,
+"g3": ...}}: every output is first overwritten with -1, then each graph is replayed and its outputs
+hashed (bytes copied to the host), so a replay that did nothing shows.
 """
+import argparse
 import hashlib
-import json
 import os
 import struct
 import sys
 
-for k, v in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
-    os.environ[k] = v
-
-import torch  # noqa: E402
-from cuda.bindings import driver as cu  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wlcommon  # noqa: E402
 
 N = 1024
 
 
-def sha(*tensors):
+def sha(torch, *tensors):
     h = hashlib.sha256()
     for t in tensors:
         h.update(t.detach().cpu().contiguous().view(torch.int32).numpy().tobytes())
@@ -33,6 +30,12 @@ def sha(*tensors):
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--ctl")
+    args = ap.parse_args()
+    import torch
+    from cuda.bindings import driver as cu
+
     gen = torch.Generator(device="cuda").manual_seed(1234)
     a = torch.randn(N, N, device="cuda", generator=gen)
     b = torch.randn(N, N, device="cuda", generator=gen)
@@ -78,19 +81,16 @@ def main():
         for name, (graph, outs) in outputs.items():
             graph.replay()
             torch.cuda.synchronize()
-            found[name] = sha(*outs)
+            found[name] = sha(torch, *outs)
         return found
 
-    print(json.dumps({"ready": True, "pid": os.getpid()}), flush=True)
-    for line in sys.stdin:
-        cmd = line.split()
-        if not cmd:
-            continue
-        if cmd[0] == "exit":
-            return
-        reply = {"pid": os.getpid()} if cmd[0] == "pid" else replay() if cmd[0] == "replay" else \
-            {"error": f"unknown command {cmd[0]}"}
-        print(json.dumps(reply), flush=True)
+    def check(_args):
+        found = replay()
+        return {"sha": hashlib.sha256(" ".join(found[k] for k in sorted(found)).encode()).hexdigest(),
+                "graphs": found}
+
+    wlcommon.serve(wlcommon.channel_from_args(args.ctl), {"pids": [os.getpid()], "bytes": 0},
+                   {"check": check})
 
 
 if __name__ == "__main__":
