@@ -101,6 +101,13 @@ class Work:
     def on_event(self, report):  # -> keep_running: bool
         return True
 
+    def poll_s(self):
+        """Seconds between calls of on_tick while no request comes (None: never)."""
+        return None
+
+    def on_tick(self, report):  # -> keep_running: bool
+        return True
+
 
 def start(work, on_progress=print, cancellable=False):
     """Fork the holder, run work.begin() in it, relay its progress; return the final object.
@@ -261,7 +268,12 @@ def _holder_main(work, wfd):
 def _serve(work, listener):
     while True:
         watched = work.watched_fd()
-        ready, _, _ = select.select([listener] + ([watched] if watched is not None else []), [], [])
+        ready, _, _ = select.select([listener] + ([watched] if watched is not None else []), [], [],
+                                    work.poll_s())
+        if not ready:
+            if not work.on_tick(_Reporter(None)):
+                return
+            continue
         if watched is not None and watched in ready:
             if not work.on_event(_Reporter(None)):
                 return

@@ -173,7 +173,7 @@ def _wait_readable(sock: socket.socket, pid: int, cmd: str, deadline: float, tim
         if select.select([sock], [], [], min(max(left, 0.0), waits.POLL_S))[0]:
             return
         if left <= 0:
-            raise ShimNoAnswer(f"process {pid}: no reply to {cmd!r} within {timeout:g} s")
+            raise ShimNoAnswer(f"process {pid}: no reply to {cmd!r} within {timeout:.1f} s")
         why = waits.stopped(pid)
         if why:
             raise ProcessNoAnswer(pid, f"is {why}: its shim cannot answer {cmd!r}; continue it "
@@ -248,7 +248,7 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
                 pass  # a refusal is sent before the request is read: read it below
             raw, got_fds = _recv_all(sock, pid, cmd, deadline, timeout)
         except socket.timeout:  # a send that could not go out
-            raise ShimNoAnswer(f"process {pid}: no reply to {cmd!r} within {timeout:g} s") from None
+            raise ShimNoAnswer(f"process {pid}: no reply to {cmd!r} within {timeout:.1f} s") from None
         except OSError as e:
             if e.errno in (errno.ECONNRESET, errno.EPIPE):
                 raise ShimError(f"process {pid} closed the connection during {cmd!r}") from None

@@ -1,0 +1,123 @@
+"""Every wait is bounded (README, "Timeouts"): a member stopped with SIGSTOP before or during a
+suspend, or one whose shim never answers, ends the suspend in time, names the pid, and leaves the
+workload whole once it runs again."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from criu_gpushare import waits
+from criu_gpushare.engine.freezer import SHIM_THREAD_NAME, Freezer, thread_ids, thread_name
+from criu_gpushare.errors import GroupHeld, NoAnswer
+from interrupts import paused_env, wait_until
+from lctest import assert_runs_as_before, pair
+
+TIMEOUT = 5
+BOUND_S = 30  # --timeout 5 and the tool's start: generous, never a timing race
+
+
+def timed_suspend(lc, *pids, env=None):
+    """`suspend --timeout 5 PIDS` -> (CompletedProcess, seconds); 90 s at most (a hang fails)."""
+    t0 = time.monotonic()
+    r = lc.cli("suspend", "--timeout", TIMEOUT, *pids, env=env, timeout=90)
+    return r, time.monotonic() - t0
+
+
+def stop(pid):
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: waits.stopped(pid), f"pid {pid} to stop")
+
+
+def no_state_files(lc):
+    return not [f for f in os.listdir(lc.run_dir) if f.startswith(("pid-", "journal-"))]
+
+
+def test_a_stopped_member_is_refused_before_anything_changes(lc, workload, tmp_path):
+    a, b = pair(lc, workload, tmp_path)
+    stop(b.pid)
+    try:
+        r, took = timed_suspend(lc, a.pid, b.pid)
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    assert took < BOUND_S, took
+    assert r.returncode == NoAnswer.exit_code, r.stderr + lc.holder_log()
+    assert f"process {b.pid}: is stopped (SIGSTOP)" in r.stderr and "nothing was changed" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert no_state_files(lc)
+    assert_runs_as_before(lc, a, b)
+
+
+def test_a_member_stopped_mid_suspend_ends_it_and_the_rollback_finishes_once_it_runs(
+        lc, workload, tmp_path):
+    """b is stopped once its gates are closed (the suspend waits at its quiesce meanwhile): the
+    save's request to it fails at once, a is rolled back, and b's part of the rollback (its gates)
+    is done by the holder as soon as b is continued."""
+    a, b = pair(lc, workload, tmp_path)
+    pause = tmp_path / "pause"
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "criu_gpushare.cli", "suspend", "--timeout",
+                             str(TIMEOUT), str(a.pid), str(b.pid)], env=paused_env(lc.tool, "quiesce", pause),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: pause.exists() or proc.poll() is not None, "the pause after quiesce")
+        stop(b.pid)
+        pause.unlink()
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.kill(b.pid, signal.SIGCONT)
+    assert time.monotonic() - t0 < BOUND_S
+    assert proc.returncode == GroupHeld.exit_code, err + lc.holder_log()
+    assert f"process {b.pid}: is stopped (SIGSTOP)" in err, err
+    assert "the rollback finishes by itself" in err, err
+    assert "Traceback" not in err
+    wait_until(lambda: no_state_files(lc), "the holder's rollback after SIGCONT", timeout=30)
+    assert_runs_as_before(lc, a, b)
+
+
+def test_a_member_stopped_before_its_driver_checkpoint(lc, workload, tmp_path):
+    """Stopped once the driver holds the group locked: the driver calls on it fail at once (the
+    driver reaches a process through a thread of its own), and the rollback finishes on SIGCONT."""
+    a, b = pair(lc, workload, tmp_path)
+    pause = tmp_path / "pause"
+    proc = subprocess.Popen([sys.executable, "-m", "criu_gpushare.cli", "suspend", "--timeout",
+                             str(TIMEOUT), str(a.pid), str(b.pid)], env=paused_env(lc.tool, "lock", pause),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    try:
+        wait_until(lambda: pause.exists() or proc.poll() is not None, "the pause after lock")
+        stop(b.pid)
+        pause.unlink()
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.kill(b.pid, signal.SIGCONT)
+    assert time.monotonic() - t0 < BOUND_S
+    assert proc.returncode == GroupHeld.exit_code, err + lc.holder_log()
+    assert f"process {b.pid}: is stopped (SIGSTOP)" in err, err
+    wait_until(lambda: no_state_files(lc), "the holder's rollback after SIGCONT", timeout=30)
+    assert_runs_as_before(lc, a, b)
+
+
+def test_a_shim_that_never_answers_ends_the_suspend_within_the_timeout(lc, workload, tmp_path):
+    """b runs, but its shim's threads are held (traced and stopped by this test): no answer comes."""
+    a, b = pair(lc, workload, tmp_path)
+    held = Freezer()
+    shim_tids = [t for t in thread_ids(b.pid) if thread_name(b.pid, t) == SHIM_THREAD_NAME]
+    assert shim_tids
+    for tid in shim_tids:
+        held._stop(b.pid, tid, waits.Deadline(10))
+    try:
+        r, took = timed_suspend(lc, a.pid, b.pid)
+    finally:
+        held.thaw(b.pid)
+    assert took < BOUND_S, took
+    assert r.returncode == NoAnswer.exit_code, r.stderr + lc.holder_log()
+    assert f"process {b.pid}: no reply to 'status' within" in r.stderr, r.stderr
+    assert no_state_files(lc)
+    assert_runs_as_before(lc, a, b)
