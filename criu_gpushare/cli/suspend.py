@@ -56,7 +56,8 @@ def parse_gpu_map(items):
 @click.option("--tree", is_flag=True, help="Also every descendant of each PID.")
 @click.option("--store", help="Chunk store directory (default: settings).")
 @click.option("--timeout", "timeout_s", type=float, default=60.0, show_default=True, callback=_timeout,
-              help="Seconds to wait for GPU work to drain and for the driver lock.")
+              help="Seconds each step may wait on the group (its shims, GPU work draining, the "
+                   "driver's lock); README \"Timeouts\".")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def suspend(pids, tree, store, timeout_s, as_json):
     """Free every GPU byte of the processes PIDS (which may share GPU memory), keeping them alive.

@@ -7,9 +7,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from criu_gpushare import waits
+from criu_gpushare.engine import steps
 from criu_gpushare.engine.freezer import SHIM_THREAD_NAME, Freezer, thread_ids, thread_name
-from criu_gpushare.errors import GroupHeld, NoAnswer
+from criu_gpushare.engine.plan import Member
+from criu_gpushare.errors import GroupHeld, NoAnswer, ProcessNoAnswer
 from interrupts import paused_env, wait_until
 from lctest import assert_runs_as_before, pair
 
@@ -121,3 +125,31 @@ def test_a_shim_that_never_answers_ends_the_suspend_within_the_timeout(lc, workl
     assert f"process {b.pid}: no reply to 'status' within" in r.stderr, r.stderr
     assert no_state_files(lc)
     assert_runs_as_before(lc, a, b)
+
+
+def test_the_waits_of_a_step_share_its_deadline_and_a_rollback_step_has_its_own(monkeypatch):
+    """Shim requests get what is left of the step's deadline: --timeout for a suspend step, the
+    undo bound (never the 600 s of old) for a rollback step; a rollback's reopen still reaches
+    every shim when one of them cannot answer."""
+    seen = []
+
+    def request(pid, cmd, fds=(), timeout=None, **fields):
+        seen.append((pid, cmd, timeout))
+        if pid == 1 and cmd == "resume":
+            raise ProcessNoAnswer(1, "is stopped (SIGSTOP)")
+        return {"ok": True}, []
+
+    monkeypatch.setattr(steps.control, "request", request)
+    g = steps.Group([1, 2], steps.Options(store="unused", timeout_s=TIMEOUT))
+    g.members = [Member(1, False, True, {}), Member(2, False, True, {})]
+    g.begin_step()
+    g.step("void")()
+    assert [c for _, c, _ in seen] == ["void-exports"] * 2
+    assert all(0 < t <= TIMEOUT for _, _, t in seen), seen
+    seen.clear()
+    g.begin_step(undo=True)
+    g.step("recreate")()
+    with pytest.raises(ProcessNoAnswer):
+        g.step("reopen")()
+    assert [(p, c) for p, c, _ in seen] == [(1, "recreate"), (2, "recreate"), (1, "resume"), (2, "resume")]
+    assert all(TIMEOUT < t <= waits.UNDO_WAIT_S for _, _, t in seen), seen
