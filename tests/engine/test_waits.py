@@ -52,47 +52,21 @@ def test_a_stopped_member_is_refused_before_anything_changes(lc, workload, tmp_p
     assert_runs_as_before(lc, a, b)
 
 
+@pytest.mark.parametrize("point", ["quiesce", "lock"])
 def test_a_member_stopped_mid_suspend_ends_it_and_the_rollback_finishes_once_it_runs(
-        lc, workload, tmp_path):
-    """b is stopped once its gates are closed (the suspend waits at its quiesce meanwhile): the
-    save's request to it fails at once, a is rolled back, and b's part of the rollback (its gates)
-    is done by the holder as soon as b is continued."""
+        lc, workload, tmp_path, point):
+    """b is stopped while the suspend waits after its step `point` (its gates closed; or the
+    driver holding the group locked): the next request to b's shim, or driver call on b (the
+    driver reaches a process through a thread of its own), fails at once naming it; what the
+    rollback can do without b is done, and the holder finishes the rest once b gets SIGCONT."""
     a, b = pair(lc, workload, tmp_path)
     pause = tmp_path / "pause"
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "criu_gpushare.cli", "suspend", "--timeout",
-                             str(TIMEOUT), str(a.pid), str(b.pid)], env=paused_env(lc.tool, "quiesce", pause),
+                             str(TIMEOUT), str(a.pid), str(b.pid)], env=paused_env(lc.tool, point, pause),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_until(lambda: pause.exists() or proc.poll() is not None, "the pause after quiesce")
-        stop(b.pid)
-        pause.unlink()
-        out, err = proc.communicate(timeout=90)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        os.kill(b.pid, signal.SIGCONT)
-    assert time.monotonic() - t0 < BOUND_S
-    assert proc.returncode == GroupHeld.exit_code, err + lc.holder_log()
-    assert f"process {b.pid}: is stopped (SIGSTOP)" in err, err
-    assert "the rollback finishes by itself" in err, err
-    assert "Traceback" not in err
-    wait_until(lambda: no_state_files(lc), "the holder's rollback after SIGCONT", timeout=30)
-    assert_runs_as_before(lc, a, b)
-
-
-def test_a_member_stopped_before_its_driver_checkpoint(lc, workload, tmp_path):
-    """Stopped once the driver holds the group locked: the driver calls on it fail at once (the
-    driver reaches a process through a thread of its own), and the rollback finishes on SIGCONT."""
-    a, b = pair(lc, workload, tmp_path)
-    pause = tmp_path / "pause"
-    proc = subprocess.Popen([sys.executable, "-m", "criu_gpushare.cli", "suspend", "--timeout",
-                             str(TIMEOUT), str(a.pid), str(b.pid)], env=paused_env(lc.tool, "lock", pause),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    t0 = time.monotonic()
-    try:
-        wait_until(lambda: pause.exists() or proc.poll() is not None, "the pause after lock")
+        wait_until(lambda: pause.exists() or proc.poll() is not None, f"the pause after {point}")
         stop(b.pid)
         pause.unlink()
         _, err = proc.communicate(timeout=90)
@@ -104,6 +78,8 @@ def test_a_member_stopped_before_its_driver_checkpoint(lc, workload, tmp_path):
     assert time.monotonic() - t0 < BOUND_S
     assert proc.returncode == GroupHeld.exit_code, err + lc.holder_log()
     assert f"process {b.pid}: is stopped (SIGSTOP)" in err, err
+    assert "the rollback finishes by itself" in err, err
+    assert "Traceback" not in err
     wait_until(lambda: no_state_files(lc), "the holder's rollback after SIGCONT", timeout=30)
     assert_runs_as_before(lc, a, b)
 
