@@ -184,15 +184,19 @@ class Group:
         for pid in self.shim_pids:
             control.request(pid, cmd, timeout=self.deadline.left(), **fields)
 
-    def _reopen(self):
+    def _open_gates(self, deadline):
         """Every shim's gates opened again, each tried even when one fails (a stopped or stuck
-        process does not keep the others held); then the first failure raises."""
+        process does not keep the others held) -> the failures, naming their pids."""
         failed = []
         for pid in self.shim_pids:
             try:
-                control.resume(pid, timeout=self.deadline.left())
+                control.resume(pid, timeout=deadline.left())
             except Error as e:
                 failed.append(e)
+        return failed
+
+    def _reopen(self):
+        failed = self._open_gates(self.deadline)
         if failed:
             raise failed[0]
 
@@ -258,12 +262,8 @@ class Group:
 
     def _reopen_gates(self):
         """After a busy or failed quiesce: a cleanup, with the bound of an undo step."""
-        deadline = waits.Deadline(waits.UNDO_WAIT_S)
-        for pid in self.shim_pids:
-            try:
-                control.resume(pid, timeout=deadline.left())
-            except Error as e:
-                self.report(f"warning: reopening the gates of pid {pid}: {e}")
+        for e in self._open_gates(waits.Deadline(waits.UNDO_WAIT_S)):
+            self.report(f"warning: reopening the gates: {e}")
 
     def _tool_device(self, unit):
         """This process's ordinal of the GPU unit's memory is on now (after a --gpu-map restore,
