@@ -4,7 +4,9 @@
 CUDA do not mix). It makes every driver checkpoint call of the group (the driver hangs when two
 processes make them at once), keeps the group's CPU threads frozen with ptrace where the work froze
 them (a freeze lasts only as long as its tracer lives), and waits for requests, or for an event its
-work watches (the hook's holder watches the CRIU process that ran it). It is a convenience, not the
+work watches (the hook's holder watches the CRIU process that ran it), or looks again every so
+often where its work asks (a suspend held for a stopped member finishes its rollback once that
+member runs again). It is a convenience, not the
 keeper of record: the journal (engine/journal.py) is, so a holder that dies loses nothing.
 
 Nothing the starting command does can interrupt it mid-step: it runs in its own session, ignores
