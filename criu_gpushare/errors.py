@@ -11,7 +11,8 @@ workload runs as before); one whose rollback failed too exits GroupHeld's code (
 `criu-gpushare resume` finishes the rollback); a restore that could not finish exits
 RestoreIncomplete's code (the processes stay held at their gates and the restore can be retried).
 An interrupt (Ctrl-C) exits Cancelled's code when it undid the work, Interrupted's when it did not
-(engine/cancel.py says which command does what).
+(engine/cancel.py says which command does what). A process of the group that is stopped, or does
+not answer within the wait's bound (criu_gpushare/waits.py), exits NoAnswer's code.
 
 Every entry point (the command line in cli/__init__.py, the hook's main) catches these once and
 exits with their code; nothing below them exits the process.
@@ -158,3 +159,23 @@ class Failed(Error):
     def __init__(self, message, exit_code):
         super().__init__(message)
         self.exit_code = exit_code or EXIT_BUG
+
+
+class NoAnswer(Error):
+    """{}"""
+    # A process of the group cannot answer (stopped with SIGSTOP) or did not answer within the
+    # bound of the wait (--timeout, or the rollback's): named, with what was waited for.
+
+    exit_code = 19
+
+
+class ShimNoAnswer(NoAnswer, ShimError):
+    """shim: {}"""
+
+
+class DriverNoAnswer(NoAnswer, DriverError):
+    """CUDA driver: {}"""
+
+
+class ProcessNoAnswer(NoAnswer, ProcessError):
+    """process {}: {}"""

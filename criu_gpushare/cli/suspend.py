@@ -48,7 +48,8 @@ def parse_gpu_map(items):
 @click.option("--tree", is_flag=True, help="Also every descendant of each PID.")
 @click.option("--store", help="Chunk store directory (default: settings).")
 @click.option("--timeout", "timeout_s", type=float, callback=_timeout,
-              help="Seconds to wait for GPU work to drain and for the driver lock.  [default: 60]")
+              help="Seconds each step may wait on the group (its shims, GPU work draining, the "
+                   "driver's lock); README \"Timeouts\".  [default: 60]")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def suspend(pids, tree, store, timeout_s, as_json):
     """Free every GPU byte of the processes PIDS (which may share GPU memory), keeping them alive.

@@ -16,10 +16,12 @@ MAX_BATCH = control.MAX_FDS  # the fds one reply carries
 
 class Exports:
     """take(unit) -> an fd of unit's memory, which the caller closes. close() closes the fds
-    fetched ahead and not taken. units: the order they will be taken in."""
+    fetched ahead and not taken. units: the order they will be taken in. timeout_s: the bound of
+    each request (the copying between requests is work, not a wait)."""
 
-    def __init__(self, units):
+    def __init__(self, units, timeout_s):
         self._units = list(units)
+        self._timeout_s = timeout_s
         self._ahead = {}  # unit key -> fd fetched ahead
         self._single = set()  # owners whose shim answered "ids" with bad-request
 
@@ -38,7 +40,7 @@ class Exports:
                     self._single.add(unit.owner)  # an older shim: one at a time
                 else:
                     return self._ahead.pop(unit.key)
-        return export_one(unit)
+        return export_one(unit, self._timeout_s)
 
     def close(self):
         for fd in self._ahead.values():
@@ -64,7 +66,8 @@ class Exports:
 
     def _fetch(self, batch):
         owner = batch[0].owner
-        _, fds = control.request(owner, "export", ids=",".join(str(u.id) for u in batch), timeout=60)
+        _, fds = control.request(owner, "export", ids=",".join(str(u.id) for u in batch),
+                                 timeout=self._timeout_s)
         if len(fds) != len(batch):
             for fd in fds:
                 os.close(fd)
@@ -74,10 +77,10 @@ class Exports:
 
 
 
-def export_one(unit):
+def export_one(unit, timeout_s):
     """An fd of unit's memory, in a request of its own."""
     cmd = "export" if unit.kind == "allocation" else "export-import"
-    _, fds = control.request(unit.owner, cmd, id=unit.id, timeout=60)
+    _, fds = control.request(unit.owner, cmd, id=unit.id, timeout=timeout_s)
     if len(fds) != 1:
         for fd in fds:
             os.close(fd)

@@ -30,6 +30,7 @@ def fault_point(point):
     victim = os.environ.get("CRIU_GPUSHARE_TEST_KILL_AT_FAULT")
     if victim:  # tests: another process (a member of the group) dies here, as a crash would
         os.kill(int(victim), signal.SIGKILL)
+        _wait_dead(int(victim))
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if how == "pause":
@@ -43,3 +44,17 @@ def fault_point(point):
     if how == "bug":
         raise RuntimeError(f"bug injected at {point} ({FAULT_ENV})")
     raise InjectedFault(point, FAULT_ENV)
+
+
+def _wait_dead(pid, timeout_s=10):
+    """Until pid is a zombie or gone: a SIGKILL takes effect a moment after it is sent, and a crash
+    is seen only once it has."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.005)

@@ -26,10 +26,12 @@ import os
 import signal
 import time
 
-from ..errors import ProcessError
+from .. import waits
+from ..errors import ProcessError, ProcessNoAnswer
 from ..shimctl.client import ns_pid
 
 SHIM_THREAD_NAME = "criu-gpushare"
+FREEZE_WAIT_S = 10.0  # the default bound of one thread's stop (a thread in the kernel stops on its way out)
 
 _PTRACE_DETACH = 17
 _PTRACE_SEIZE = 0x4206
@@ -103,9 +105,11 @@ class Freezer:
         self.frozen = {}  # tid -> signal to hand back at detach (0: none)
         self.owner = {}   # tid -> pid
 
-    def freeze(self, pid, spare_tids=()):
-        """Stop every thread of pid except spare_tids and the shim's; rescans until no new thread."""
+    def freeze(self, pid, spare_tids=(), timeout_s=FREEZE_WAIT_S):
+        """Stop every thread of pid except spare_tids and the shim's; rescans until no new thread.
+        ProcessNoAnswer when a thread has not stopped within timeout_s of the freeze's start."""
         spare = set(spare_tids)
+        deadline = waits.Deadline(timeout_s)
         try:
             while True:
                 todo = [t for t in thread_ids(pid) if t not in self.frozen and t not in spare
@@ -113,12 +117,12 @@ class Freezer:
                 if not todo:
                     return
                 for tid in todo:
-                    self._stop(pid, tid)
+                    self._stop(pid, tid, deadline)
         except BaseException:
             self.thaw(pid)
             raise
 
-    def _stop(self, pid, tid):
+    def _stop(self, pid, tid, deadline):
         try:
             _ptrace(_PTRACE_SEIZE, tid)
         except OSError as e:
@@ -134,12 +138,21 @@ class Freezer:
                 self._forget(tid)
                 return
             raise
+        delay = 0.00005
         while True:
             try:
-                _, status = os.waitpid(tid, _WALL)
+                got, status = os.waitpid(tid, _WALL | os.WNOHANG)
             except ChildProcessError:
                 self._forget(tid)
                 return
+            if got == 0:  # not stopped yet: a thread inside a system call stops on its way out
+                if deadline.passed():
+                    raise ProcessNoAnswer(pid, f"thread {tid} did not stop within "
+                                          f"{deadline.seconds:g} s (state {_thread_state(pid, tid)}: "
+                                          "held in the kernel, e.g. a driver call that does not return)")
+                time.sleep(delay)
+                delay = min(delay * 2, 0.005)
+                continue
             if os.WIFEXITED(status) or os.WIFSIGNALED(status):
                 self._forget(tid)
                 return
@@ -168,7 +181,7 @@ class Freezer:
         if errors:
             raise ProcessError(pid if pid is not None else "?", "cannot restart " + ", ".join(errors))
 
-    def hand_over(self, pid, timeout_s=10.0):
+    def hand_over(self, pid, timeout_s=FREEZE_WAIT_S):
         """Leave pid stopped (SIGSTOP) instead of frozen: it stays stopped once this process lets go
         or exits, and CRIU dumps and restores it stopped. Waits until every thread has stopped."""
         try:
@@ -180,15 +193,15 @@ class Freezer:
         deadline = time.monotonic() + timeout_s
         while not group_stopped(pid):
             if time.monotonic() > deadline:
-                raise ProcessError(pid, f"did not stop within {timeout_s:g}s of SIGSTOP")
+                raise ProcessNoAnswer(pid, f"did not stop within {timeout_s:g}s of SIGSTOP")
             time.sleep(0.002)
 
-    def take_back(self, pid, spare_tids=()):
+    def take_back(self, pid, spare_tids=(), timeout_s=FREEZE_WAIT_S):
         """The way back from hand_over: freeze every thread of pid but spare_tids and the shim's,
         then SIGCONT, so that only the spared threads run. A pid that is not stopped (an image made
         before stops were used, a retry) is only frozen; SIGCONT changes nothing for it."""
         if not self.frozen_threads(pid):
-            self.freeze(pid, spare_tids)
+            self.freeze(pid, spare_tids, timeout_s)
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:

@@ -4,7 +4,9 @@
 CUDA do not mix). It makes every driver checkpoint call of the group (the driver hangs when two
 processes make them at once), keeps the group's CPU threads frozen with ptrace where the work froze
 them (a freeze lasts only as long as its tracer lives), and waits for requests, or for an event its
-work watches (the hook's holder watches the CRIU process that ran it). It is a convenience, not the
+work watches (the hook's holder watches the CRIU process that ran it), or looks again every so
+often where its work asks (a suspend held for a stopped member finishes its rollback once that
+member runs again). It is a convenience, not the
 keeper of record: the journal (engine/journal.py) is, so a holder that dies loses nothing.
 
 Nothing the starting command does can interrupt it mid-step: it runs in its own session, ignores
@@ -99,6 +101,13 @@ class Work:
         return None
 
     def on_event(self, report):  # -> keep_running: bool
+        return True
+
+    def poll_s(self):
+        """Seconds between calls of on_tick while no request comes (None: never)."""
+        return None
+
+    def on_tick(self, report):  # -> keep_running: bool
         return True
 
 
@@ -261,7 +270,12 @@ def _holder_main(work, wfd):
 def _serve(work, listener):
     while True:
         watched = work.watched_fd()
-        ready, _, _ = select.select([listener] + ([watched] if watched is not None else []), [], [])
+        ready, _, _ = select.select([listener] + ([watched] if watched is not None else []), [], [],
+                                    work.poll_s())
+        if not ready:
+            if not work.on_tick(_Reporter(None)):
+                return
+            continue
         if watched is not None and watched in ready:
             if not work.on_event(_Reporter(None)):
                 return

@@ -9,6 +9,8 @@ Every distinct piece of GPU memory is saved once, by one owner:
 Imports are linked to their origin by (exporter pid, allocation id), never by address or handle.
 
 Refused before anything changes (ProcessError, with what to do):
+  - a process that is stopped (SIGSTOP, or by a debugger): neither its shim nor the driver can
+    reach it until it runs again (NoAnswer's exit code);
   - a process that another tool has locked or checkpointed through the driver (its driver state
     is read first: it is not RUNNING);
   - a shim that does not answer in time or refuses us: fail closed, never "shares nothing";
@@ -18,7 +20,8 @@ Refused before anything changes (ProcessError, with what to do):
 """
 import dataclasses
 
-from ..errors import Error, ProcessError, ShimNotServing
+from .. import waits
+from ..errors import Error, ProcessError, ProcessNoAnswer, ShimNotServing
 from ..gpu import checkpoint_api as ck
 from ..shimctl import client as control
 from ..shimctl.processes import cuda_and_shim
@@ -69,15 +72,22 @@ class Attachment:
     unit: Unit
 
 
-def discover(pids):
+def discover(pids, deadline):
     """Members for the given pids: whether each has CUDA state (its driver state, read before
-    anything changes) and what its shim tracks. Needs CUDA initialised in this process."""
+    anything changes) and what its shim tracks, all within deadline (a waits.Deadline). Needs CUDA
+    initialised in this process."""
+    for pid in pids:  # before any question: a stopped process would answer none
+        why = waits.stopped(pid) or waits.held_by_tracer(pid)
+        if why:
+            raise ProcessNoAnswer(pid, f"is {why}: neither its shim nor the CUDA driver can answer "
+                                  "until it runs again; nothing was changed (continue it, e.g. "
+                                  f"kill -CONT {pid}, and try again)")
     members = []
     for pid in pids:
         cuda, shim = cuda_and_shim(pid)
         status = None
         if cuda:
-            state = ck.state_if_initialized(pid)
+            state = ck.state_if_initialized(pid, deadline.left())
             if state is None:
                 cuda = False  # libcuda is loaded but cuInit was never called: no GPU state
             elif state is not ck.State.RUNNING:
@@ -86,7 +96,7 @@ def discover(pids):
                                    "it): restore or unlock it with that tool first")
         if shim and cuda:
             try:
-                status = control.status(pid)
+                status = control.status(pid, timeout=deadline.left())
             except ShimNotServing as e:
                 # The shim serves from cuInit on: CUDA state without its socket is not ours to guess.
                 raise ProcessError(pid, f"has CUDA state but its shim does not serve ({e})") from None
@@ -142,8 +152,9 @@ def attachment_from_state(d, units_by_key):
     return Attachment(d["importer"], d["import_id"], units_by_key[d["unit"]])
 
 
-def check(members):
-    """Refusals that must happen before anything changes."""
+def check(members, deadline=None):
+    """Refusals that must happen before anything changes (questions to processes outside the
+    group within deadline, a waits.Deadline)."""
     sharing = [m.pid for m in members if m.shares]
     for m in members:
         if m.cuda and not m.shim and sharing:
@@ -163,10 +174,10 @@ def check(members):
                 raise ProcessError(m.pid, f"imports GPU memory from process {exporter['pid']}, which "
                                    "is not in the group: suspend them together")
     if any(m.shares for m in members):
-        _check_outside_importers(pids)
+        _check_outside_importers(pids, deadline)
 
 
-def _check_outside_importers(pids):
+def _check_outside_importers(pids, deadline=None):
     """A process outside the group that maps memory of the group would keep mapping the old
     memory after resume (the group's copy is re-created): refuse, naming it.
 
@@ -186,7 +197,8 @@ def _check_outside_importers(pids):
             uid = control.owner_uid(pid)
             if uid != 0 and uid not in owners.values():
                 continue  # could not have learned any member as its exporter: not asked
-            status = control.status(pid)
+            status = control.status(pid, timeout=min(control.DEFAULT_TIMEOUT, deadline.left())
+                                    if deadline else control.DEFAULT_TIMEOUT)
         except Error:
             continue  # gone, busy, or not reachable: it cannot be checked
         for imp in status.get("imports", []):

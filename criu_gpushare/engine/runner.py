@@ -85,6 +85,7 @@ class Runner:
         if begin:
             g.done.append(name)
             self._record()
+        g.begin_step(undo=not begin)  # the step's waits share one deadline (waits.py)
         t = time.monotonic()
         g.step(name)()
         g.times[name] = time.monotonic() - t

@@ -40,6 +40,7 @@ import functools
 import os
 import time
 
+from .. import waits
 from ..errors import BusyError, Error, ProcessError
 from ..gpu import checkpoint_api as ck
 from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
@@ -54,6 +55,7 @@ from .faults import fault_point
 from .freezer import Freezer, ns_tid, tid_of_ns_tid
 
 QUIESCE_RETRY_S = 0.25
+QUIESCE_ANSWER_S = 1.0  # a shim's busy answer, after its drain stages used what was left
 
 # The step lists (run by engine/runner.py).
 IN_PLACE = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint")
@@ -80,7 +82,7 @@ UNDO = (("checkpoint", "restore"),
 @dataclasses.dataclass
 class Options:
     store: str
-    timeout_s: float = 60.0        # quiesce and lock
+    timeout_s: float = 60.0        # each step's waits on the group (--timeout; README "Timeouts")
     ref: str = ""                  # the store ref naming this checkpoint
     gpu_map: dict = None           # {old uuid: new uuid} for resume
     verify: bool = True            # check every chunk a load reads against its name
@@ -129,11 +131,18 @@ class Group:
         self.manifest_id = None
         self.restore_tids = {}    # pid -> its driver restore thread, as a tid in its own namespace
         self._device_map = None
+        self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
+
+    def begin_step(self, undo=False):
+        """A new deadline for the waits of the step about to run: --timeout for a step of a
+        suspend or dump, UNDO_WAIT_S for one of a resume or rollback (waits.py)."""
+        self.deadline = waits.Deadline(waits.UNDO_WAIT_S if undo else self.options.timeout_s)
 
     def discover(self):
         """Read every process's shim and driver state and make the plan; refuse, before anything
         changes, what cannot be handled (engine/plan.py)."""
-        self.members = plan.discover(self.pids)
+        self.begin_step()
+        self.members = plan.discover(self.pids, self.deadline)
         self._plan()
         from ..gpu.driver import gpus
         self.gpus = [uuid for _, _, uuid in gpus()] if self.pids_with_cuda() else []
@@ -191,7 +200,23 @@ class Group:
     def _each_shim(self, cmd, **fields):
         """Send cmd to each shim in turn; the first failure raises (naming the pid)."""
         for pid in self.shim_pids:
-            control.request(pid, cmd, timeout=600, **fields)
+            control.request(pid, cmd, timeout=self.deadline.left(), **fields)
+
+    def _open_gates(self, deadline):
+        """Every shim's gates opened again, each tried even when one fails (a stopped or stuck
+        process does not keep the others held) -> the failures, naming their pids."""
+        failed = []
+        for pid in self.shim_pids:
+            try:
+                control.resume(pid, timeout=deadline.left())
+            except Error as e:
+                failed.append(e)
+        return failed
+
+    def _reopen(self):
+        failed = self._open_gates(self.deadline)
+        if failed:
+            raise failed[0]
 
     def step(self, name):
         """The function that carries out step `name` (of a step list or of UNDO)."""
@@ -199,22 +224,25 @@ class Group:
                 "void": self._void, "lock": self._lock, "freeze": self._freeze,
                 "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
                 "thaw": self.freezer.thaw, "recreate": self._recreate, "load": self._load,
-                "attach": self._attach, "reopen": lambda: self._each_shim("resume"),
+                "attach": self._attach, "reopen": self._reopen,
                 "vacate": self._check_vacated, "stop": self._hand_over}[name]
 
     # -- suspend -------------------------------------------------------------------------------
 
     def _quiesce(self):
-        deadline = time.monotonic() + self.options.timeout_s
+        deadline = self.deadline
         while True:
             try:
                 for pid in self.shim_pids:
-                    control.quiesce(pid, timeout_ms=2000)
+                    # The shim's two drain stages fit in what is left; its busy answer may come
+                    # QUIESCE_ANSWER_S after (README, "Timeouts").
+                    stage_ms = max(1, min(2000, int(deadline.left() * 1000 / 2)))
+                    control.quiesce(pid, timeout_ms=stage_ms, timeout=deadline.left() + QUIESCE_ANSWER_S)
                 self._replan()
                 return
             except BusyError as e:
                 self._reopen_gates()
-                if time.monotonic() > deadline:
+                if deadline.left() < QUIESCE_RETRY_S:  # no time for another round
                     raise BusyError(f"GPU work did not drain within {self.options.timeout_s:g}s ({e})") from e
                 time.sleep(QUIESCE_RETRY_S)
             except Error:
@@ -226,11 +254,11 @@ class Group:
         discover (a pool's churn, a late tensor) is planned as it is now."""
         for m in self.members:
             if m.status is not None:
-                m.status = control.status(m.pid)
+                m.status = control.status(m.pid, timeout=self.deadline.left())
         self._plan()
 
     def _plan(self):
-        plan.check(self.members)
+        plan.check(self.members, self.deadline)
         self.units, self.attachments = plan.make_plan(self.members)
 
     def _check_unchanged(self):
@@ -239,7 +267,7 @@ class Group:
         for m in self.members:
             if m.status is None:
                 continue
-            st = control.status(m.pid)
+            st = control.status(m.pid, timeout=self.deadline.left())
             have = ({("allocation", a["id"]) for a in st.get("allocations", [])}
                     | {("import", i["id"]) for i in st.get("imports", [])})
             saved = ({(u.kind, u.id) for u in self.units if u.owner == m.pid}
@@ -251,11 +279,9 @@ class Group:
                                    "suspend it again")
 
     def _reopen_gates(self):
-        for pid in self.shim_pids:
-            try:
-                control.resume(pid)
-            except Error as e:
-                self.report(f"warning: reopening the gates of pid {pid}: {e}")
+        """After a busy or failed quiesce: a cleanup, with the bound of an undo step."""
+        for e in self._open_gates(waits.Deadline(waits.UNDO_WAIT_S)):
+            self.report(f"warning: reopening the gates: {e}")
 
     def _tool_device(self, unit):
         """This process's ordinal of the GPU unit's memory is on now (after a --gpu-map restore,
@@ -294,7 +320,7 @@ class Group:
             session = stack.enter_context(store.begin_write(self.options.ref))
             processes = {}
             total = sum(u.size for u in self.units)
-            exports = stack.enter_context(Exports(self.units))
+            exports = stack.enter_context(Exports(self.units, self.options.timeout_s))
             items = [SaveItem(u.key, u.size, self._tool_device(u),
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
@@ -337,26 +363,31 @@ class Group:
     def _void(self):
         self._each_shim("void-exports")
 
+    def _driver_lock(self):
+        """The node-wide driver lock, waited for within the step's deadline."""
+        return ck.DriverLock(timeout_s=self.deadline.left())
+
     def _lock(self):
-        with ck.DriverLock():  # two processes calling at once hang the driver
-            ck.raise_first(ck.lock_all(self.pids_with_cuda(), int(self.options.timeout_s * 1000)))
+        with self._driver_lock():  # two processes calling at once hang the driver
+            ms = max(1, int(self.deadline.left() * 1000))
+            ck.raise_first(ck.lock_all(self.pids_with_cuda(), ms))
 
     def _checkpoint(self):
-        with ck.DriverLock():  # two processes calling at once hang the driver
+        with self._driver_lock():  # two processes calling at once hang the driver
             ck.raise_first(ck.checkpoint_all(self.pids_with_cuda()))
 
     def _freeze(self):
         # Only processes with CUDA state lose mappings at the checkpoint; the others run on.
         for pid in self.pids_with_cuda():
-            tid = ck.restore_thread_id(pid)
+            tid = ck.restore_thread_id(pid, self.deadline.left())
             # Kept for the way back: a stopped process cannot be asked (the query needs the very
             # thread), and CRIU restores thread ids as the process sees them.
             self.restore_tids[pid] = ns_tid(pid, tid) or tid
-            self.freezer.freeze(pid, {tid})
+            self.freezer.freeze(pid, {tid}, self.deadline.left())
 
     def _hand_over(self):
         for pid in self.pids_with_cuda():
-            self.freezer.hand_over(pid)
+            self.freezer.hand_over(pid, self.deadline.left())
 
     def _check_vacated(self):
         """Before CRIU dumps: no process of the group may still hold a /dev/nvidia* file (CRIU
@@ -366,7 +397,8 @@ class Group:
         for pid in self.pids:
             left = gpu_device_mappings(pid) + [f"fd {fd} {t}" for fd, t in gpu_device_fds(pid).items()]
             if left:
-                state = ck.state_if_initialized(pid) if pid in self.pids_with_cuda() else None
+                state = (ck.state_if_initialized(pid, self.deadline.left())
+                         if pid in self.pids_with_cuda() else None)
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
                     cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
                 raise ProcessError(pid, f"({cmd}) still holds {len(left)} GPU device file(s) after "
@@ -385,25 +417,26 @@ class Group:
                 raise ProcessError(pid, f"its driver restore thread ({self.restore_tids[pid]} in "
                                    "its namespace) is gone: its GPU state cannot come back")
             return tid
-        return ck.restore_thread_id(pid)
+        return ck.restore_thread_id(pid, self.deadline.left())
 
     def _take_back(self):
         """Processes handed over stopped (CRIU's dump, its restore, a tree it left running): every
         thread frozen but the restore thread and the shim's, then continued."""
         for pid in self.pids_with_cuda():
-            self.freezer.take_back(pid, {self._restore_tid(pid)})
+            self.freezer.take_back(pid, {self._restore_tid(pid)}, self.deadline.left())
 
     def _refreeze(self, checkpointed):
         """Threads that run while their GPU state is checkpointed (a group whose holder died) are
         frozen again before the driver restore, as in place; thaw follows the unlock."""
         for pid in checkpointed:
             if not self.freezer.frozen_threads(pid):
-                self.freezer.freeze(pid, {self._restore_tid(pid)})
+                self.freezer.freeze(pid, {self._restore_tid(pid)}, self.deadline.left())
 
     def _restore(self):
         if "stop" in self.done:
             self._take_back()
-        todo = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.CHECKPOINTED]
+        todo = [p for p in self.pids_with_cuda()
+                if ck.state(p, self.deadline.left()) is ck.State.CHECKPOINTED]
         if "freeze" in self.done:
             self._refreeze(todo)
         pairs = []
@@ -412,7 +445,7 @@ class Group:
             pairs = ck.gpu_map(self.gpus, [u for _, _, u in gpus()], self.options.gpu_map)
         try:
             fault_point("driver-restore")  # tests: the driver restore failing
-            with ck.DriverLock():  # two processes calling at once hang the driver
+            with self._driver_lock():  # two processes calling at once hang the driver
                 ck.raise_first(ck.restore_all(todo, pairs))
         except BaseException:
             if "stop" in self.done:
@@ -429,16 +462,16 @@ class Group:
                 self.report(f"warning: stopping pid {pid} again: {e}")
 
     def _unlock(self):
-        locked = [p for p in self.pids_with_cuda() if ck.state(p) is ck.State.LOCKED]
-        with ck.DriverLock():  # two processes calling at once hang the driver
-            ck.raise_first(ck.unlock_all(locked))
+        locked = [p for p in self.pids_with_cuda() if ck.state(p, self.deadline.left()) is ck.State.LOCKED]
+        with self._driver_lock():  # two processes calling at once hang the driver
+            ck.raise_first(ck.unlock_all(locked, self.deadline.left()))
 
     def _recreate(self):
         for pid in self.shim_pids:
-            control.request(pid, "recreate", timeout=600, **self._devices_field(pid))
+            control.request(pid, "recreate", timeout=self.deadline.left(), **self._devices_field(pid))
         for unit in self.units:
             if unit.kind == "import":
-                control.request(unit.owner, "adopt", id=unit.id, timeout=600,
+                control.request(unit.owner, "adopt", id=unit.id, timeout=self.deadline.left(),
                                 **self._devices_field(unit.owner))
 
     def _open_for_load(self):
@@ -471,7 +504,7 @@ class Group:
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
             allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
             total = sum(u.size for u in self.units)
-            with Exports(self.units) as exports, \
+            with Exports(self.units, waits.UNDO_WAIT_S) as exports, \
                     CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
                                progress=self._progress(total, "loaded")) as engine:
                 items = [LoadItem(allocs[u.manifest_key], self._tool_device(u), functools.partial(self._mapped, u, exports))
@@ -481,9 +514,10 @@ class Group:
 
     def _attach(self):
         for a in self.attachments:
-            fd = export_one(a.unit)
+            fd = export_one(a.unit, self.deadline.left())
             try:
-                control.request(a.importer, "attach", fds=(fd,), id=a.import_id, timeout=600)
+                control.request(a.importer, "attach", fds=(fd,), id=a.import_id,
+                                timeout=self.deadline.left())
             finally:
                 os.close(fd)
 
@@ -525,7 +559,7 @@ class Group:
 
 def _still_checkpointed(pid):
     try:
-        return ck.state(pid) is not ck.State.RUNNING
+        return ck.state(pid, waits.UNDO_WAIT_S) is not ck.State.RUNNING
     except Error:
         return True  # unknown: stopping it is the safe side
 

@@ -5,9 +5,10 @@ store check, the steps and the release of the store's holds), for the command's 
 import dataclasses
 import time
 
+from .. import waits
 from ..errors import GroupHeld, Interrupted, ProcessError
 from . import cancel, holder, journal as jn
-from .runner import Runner
+from .runner import Runner, SuspendHeld
 from .steps import IN_PLACE, Group, Options
 
 
@@ -22,6 +23,7 @@ class SuspendWork(holder.Work):
         self.journal, self.options = journal, dataclasses.replace(options, pin_ahead=True)  # it loads next
         self.key, self.pids = journal.key, journal.pids
         self.group = None
+        self.waiting_for = []  # stopped members a held group's rollback waits for
 
     def begin(self, report):
         self.journal.adopt()
@@ -36,13 +38,40 @@ class SuspendWork(holder.Work):
             # records the group before each step; a cancel from `suspend`'s Ctrl-C is asked between
             Runner(self.group, self.journal, self.cancel).run(IN_PLACE)
         except GroupHeld as e:
+            self.waiting_for = [p for p in self.group.pids if waits.stopped(p)]
+            if self.waiting_for and isinstance(e, SuspendHeld):
+                e = GroupHeld(self._held_for_stopped(e))
             self.journal.set(state=jn.HELD, error=str(e))
-            raise
+            raise e
         except BaseException:
             self.journal.close()
             raise
         self.journal.set(state=jn.SUSPENDED)
         return self.group.summary("suspended"), True
+
+    def _held_for_stopped(self, held):
+        listed = ", ".join(map(str, self.waiting_for))
+        return (f"{held.verb} failed at step {held.step}: {held.cause}; its rollback needs "
+                f"process(es) {listed} too, stopped (SIGSTOP): the group stays held until they run "
+                f"again (kill -CONT {listed}), then the rollback finishes by itself "
+                f"(`criu-gpushare status {self.key}` shows the group)")
+
+    def poll_s(self):
+        return 0.2 if self.waiting_for else None
+
+    def on_tick(self, report):
+        """A group held because members were stopped: its rollback, once none is stopped any more."""
+        if any(waits.stopped(p) for p in self.waiting_for):
+            return True
+        self.group.report = report
+        try:
+            resume_group(self.group, self.journal, verb="rollback")
+        except Exception as e:  # the holder stays, for `resume`
+            print(f"the rollback failed again: {e}; `criu-gpushare resume {self.key}` retries it", flush=True)
+            self.waiting_for = [p for p in self.group.pids if waits.stopped(p)]
+            return True
+        print("rolled back: the group runs as before", flush=True)
+        return False
 
     def handle(self, cmd, fields, report):
         if cmd == "resume":

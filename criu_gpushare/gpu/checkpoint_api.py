@@ -6,7 +6,9 @@ Rules from the driver's behaviour (see README "Why it exists" and tests/probes):
   so a node-wide lock (DriverLock) keeps two criu-gpushare runs from overlapping. Its file lives in
   the tool's private state directory (0700, ours), so no other user can hold it or plant it.
 - A call that does not return in time cannot be cancelled: it is reported with the pid and the
-  operation, and its thread is left behind (daemon) rather than blocking the tool for ever.
+  operation, and its thread is left behind (daemon) rather than blocking the tool for ever. Every
+  call goes through the target's own restore thread, so a target that is stopped (SIGSTOP) never
+  answers: that is seen while waiting and reported at once (criu_gpushare/waits.py).
 - The caller must have called cuInit (restore needs it, or persistence mode).
 """
 import ctypes
@@ -20,8 +22,11 @@ import threading
 import time
 
 from . import driver as drv
+from .. import waits
 from ..config import state_dir_path
-from ..errors import BusyError, DriverError, Error
+from ..errors import BusyError, DriverError, DriverNoAnswer, Error, ProcessNoAnswer
+
+QUERY_S = 30.0  # the default bound of a state or restore-thread query
 
 #: The node-wide driver lock's file, in the tool's private state directory (as root).
 DEFAULT_LOCK_PATH = "/run/criu-gpushare/driver.lock"
@@ -50,25 +55,41 @@ def _state_from_driver(value):
     return names[value]
 
 
-def state(pid):
+def _state(pid):
     cu = drv.driver()
     return _state_from_driver(drv.check(cu.cuCheckpointProcessGetState(pid), f"get state of pid {pid}"))
 
 
-def state_if_initialized(pid):
+def _ask(pid, op, timeout_s, what):
+    """op(pid) in a thread of its own, its answer within timeout_s (see for_each)."""
+    values, errors = _run_all([pid], op, (), timeout_s, what)
+    if errors:
+        raise errors[pid]
+    return values[pid]
+
+
+def state(pid, timeout_s=QUERY_S):
+    return _ask(pid, _state, timeout_s, "state query")
+
+
+def state_if_initialized(pid, timeout_s=QUERY_S):
     """The driver state of pid, or None when it never called cuInit (it has no GPU state)."""
     try:
-        return state(pid)
+        return state(pid, timeout_s)
     except DriverError as e:
         if e.result == "CUDA_ERROR_NOT_INITIALIZED":
             return None
         raise
 
 
-def restore_thread_id(pid):
-    """The thread of `pid` that carries out checkpoint operations (a freezer must spare it)."""
+def _restore_thread_id(pid):
     cu = drv.driver()
     return drv.check(cu.cuCheckpointProcessGetRestoreThreadId(pid), f"get restore thread of pid {pid}")
+
+
+def restore_thread_id(pid, timeout_s=QUERY_S):
+    """The thread of `pid` that carries out checkpoint operations (a freezer must spare it)."""
+    return _ask(pid, _restore_thread_id, timeout_s, "restore thread query")
 
 
 def _lock(pid, timeout_ms):
@@ -152,55 +173,81 @@ def gpu_map(checkpointed_uuids, current_uuids, explicit=None):
     return [(old, pairs[old]) for old in checkpointed_uuids]
 
 
-def for_each(pids, op, *args, timeout_s, what):
-    """Run op(pid, *args) for every pid at once, one thread each; {pid: None | Exception}.
+def _run_all(pids, op, args, timeout_s, what):
+    """op(pid, *args) for every pid at once, one thread each -> ({pid: value}, {pid: Exception}).
 
-    A thread still running after timeout_s gets DriverError(... did not return ...): it cannot be
-    cancelled, so it is left as a daemon and the pid must be treated as unknown state.
+    A call still running after timeout_s, or whose pid is seen stopped (SIGSTOP) while it runs,
+    gets DriverNoAnswer or ProcessNoAnswer: it cannot be cancelled, so its thread is left as a
+    daemon and the pid must be treated as in an unknown state.
     """
-    results = {}
+    values, errors = {}, {}
 
     def run(pid):
         try:
-            op(pid, *args)
-            results[pid] = None
+            values[pid] = op(pid, *args)
         except Exception as e:  # reported per pid, never lost
-            results[pid] = e
+            errors[pid] = e
 
     threads = {pid: threading.Thread(target=run, args=(pid,), daemon=True, name=f"{what}-{pid}")
                for pid in pids}
     for t in threads.values():
         t.start()
     deadline = time.monotonic() + timeout_s
-    for pid, t in threads.items():
-        t.join(max(0.0, deadline - time.monotonic()))
-        if t.is_alive():
-            results[pid] = DriverError(f"{what} of pid {pid} did not return within {timeout_s:.0f}s")
-    return results
+    waiting, gave_up = dict(threads), {}
+    while waiting:
+        next(iter(waiting.values())).join(min(waits.POLL_S, max(0.0, deadline - time.monotonic())))
+        for pid, t in list(waiting.items()):
+            if not t.is_alive():
+                del waiting[pid]
+            elif why := waits.stopped(pid):
+                gave_up[pid] = ProcessNoAnswer(pid, f"is {why}: the driver's {what} cannot reach it; "
+                                               f"continue it (kill -CONT {pid}) and try again")
+            elif time.monotonic() >= deadline:
+                gave_up[pid] = DriverNoAnswer(f"{what} of pid {pid} did not return within "
+                                              f"{timeout_s:g} s")
+            if pid in gave_up:
+                del waiting[pid]
+    # A call given up on that returns later changes nothing here.
+    return ({p: v for p, v in values.items() if p not in gave_up},
+            {**{p: e for p, e in errors.items() if p not in gave_up}, **gave_up})
+
+
+def for_each(pids, op, *args, timeout_s, what):
+    """Run op(pid, *args) for every pid at once, one thread each; {pid: None | Exception}
+    (a call that does not return in time, or whose pid is stopped: see _run_all)."""
+    _, errors = _run_all(pids, op, args, timeout_s, what)
+    return {pid: errors.get(pid) for pid in pids}
+
+
+#: How much longer than its own timeoutMs a lock call may take to come back.
+LOCK_GRACE_S = 5.0
 
 
 def lock_all(pids, timeout_ms):
-    return for_each(pids, _lock, timeout_ms, timeout_s=timeout_ms / 1000 + 30, what="lock")
+    return for_each(pids, _lock, timeout_ms, timeout_s=timeout_ms / 1000 + LOCK_GRACE_S, what="lock")
 
 
-def checkpoint_all(pids, timeout_s=3600):
+def checkpoint_all(pids, timeout_s=waits.DRIVER_MOVE_S):
     return for_each(pids, _checkpoint, timeout_s=timeout_s, what="checkpoint")
 
 
-def restore_all(pids, gpu_pairs=None, timeout_s=3600):
+def restore_all(pids, gpu_pairs=None, timeout_s=waits.DRIVER_MOVE_S):
     return for_each(pids, _restore, gpu_pairs, timeout_s=timeout_s, what="restore")
 
 
-def unlock_all(pids, timeout_s=120):
+def unlock_all(pids, timeout_s=waits.UNDO_WAIT_S):
     return for_each(pids, _unlock, timeout_s=timeout_s, what="unlock")
 
 
 def raise_first(results):
-    """Raise the first failure of a for_each result (the rest are in its message)."""
+    """Raise the first failure of a for_each result (the rest are in its message); a pid that did
+    not answer keeps its error's kind (NoAnswer's exit code)."""
     failed = {pid: e for pid, e in results.items() if e is not None}
     if failed:
         detail = "; ".join(str(e) for e in failed.values())
-        raise DriverError(detail) from next(iter(failed.values()))
+        kind = DriverNoAnswer if any(isinstance(e, (DriverNoAnswer, ProcessNoAnswer))
+                                     for e in failed.values()) else DriverError
+        raise kind(detail) from next(iter(failed.values()))
 
 
 def default_state_dir():

@@ -22,12 +22,14 @@ import ctypes
 import errno
 import json
 import os
+import select
 import socket
 import struct
 import threading
 import time
 
-from ..errors import BusyError, ProcessError, ShimError, ShimNotServing
+from .. import waits
+from ..errors import BusyError, ProcessError, ProcessNoAnswer, ShimError, ShimNoAnswer, ShimNotServing
 
 PROTOCOL = 2  # CRIU_GPUSHARE_PROTOCOL in shim/include/criu_gpushare_shim.h
 SOCKET_PREFIX = "criu-gpushare."
@@ -123,7 +125,7 @@ def _connect(sock: socket.socket, pid: int, name: str, timeout: float) -> None:
             time.sleep(delay)
             delay = min(delay * 2, 0.05)
         except socket.timeout:
-            raise ShimError(f"process {pid}: connecting to @{name} timed out") from None
+            raise ShimNoAnswer(f"process {pid}: connecting to @{name} timed out") from None
         except OSError as e:
             raise ShimError(f"process {pid}: cannot connect to @{name}: {e.strerror}") from None
 
@@ -162,11 +164,33 @@ def _check_server(sock: socket.socket, pid: int, name: str) -> None:
                         "refusing to talk to it")
 
 
-def _recv_all(sock: socket.socket, pid: int) -> tuple[bytes, list[int]]:
+def _wait_readable(sock: socket.socket, pid: int, cmd: str, deadline: float, timeout: float) -> None:
+    """Until the server's next record (or its close) can be read: ShimNoAnswer past the deadline;
+    ProcessNoAnswer as soon as the process is seen stopped (SIGSTOP: its shim cannot answer until
+    SIGCONT, so waiting longer only delays the error)."""
+    while True:
+        left = deadline - time.monotonic()
+        if select.select([sock], [], [], min(max(left, 0.0), waits.POLL_S))[0]:
+            return
+        if left <= 0:
+            raise ShimNoAnswer(f"process {pid}: no reply to {cmd!r} within {timeout:.1f} s")
+        why = waits.stopped(pid)
+        if why:
+            raise ProcessNoAnswer(pid, f"is {why}: its shim cannot answer {cmd!r}; continue it "
+                                  f"(kill -CONT {pid}) and try again")
+
+
+def _recv_all(sock: socket.socket, pid: int, cmd: str, deadline: float,
+              timeout: float) -> tuple[bytes, list[int]]:
     """Reads records until the server closes; returns the bytes and the fds received."""
     chunks, fds, total = [], [], 0
     fd_size = array.array("i").itemsize
     while True:
+        try:
+            _wait_readable(sock, pid, cmd, deadline, timeout)
+        except ShimError:
+            _close_all(fds)
+            raise
         data, anc, flags, _ = sock.recvmsg(MAX_RECORD, socket.CMSG_SPACE(MAX_FDS * fd_size))
         for level, kind, payload in anc:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
@@ -200,16 +224,18 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
             **fields) -> tuple[dict, list[int]]:
     """Sends one request to the shim of `pid`; returns (reply, received fds).
 
-    The caller owns the received fds. Errors: ProcessError (no such process, cannot reach it),
-    ShimError (no shim socket, a server that is not that process's shim, no reply within `timeout`,
-    a refusal, a malformed reply), BusyError (the shim is busy or its backlog stays full: retry).
-    Never a bare OSError.
+    The caller owns the received fds. `timeout` bounds the whole request (seconds; what is left of
+    the caller's deadline). Errors: ProcessError (no such process, cannot reach it), ShimError (no
+    shim socket, a server that is not that process's shim, a refusal, a malformed reply),
+    ShimNoAnswer (no reply within `timeout`), ProcessNoAnswer (the process is stopped), BusyError
+    (the shim is busy or its backlog stays full: retry). Never a bare OSError.
     """
+    deadline = time.monotonic() + timeout
     name = socket_name(pid)
     msg = json.dumps({"v": PROTOCOL, "cmd": cmd, **fields}).encode()
     sock = _socket_in_netns(pid)
     try:
-        sock.settimeout(timeout)
+        sock.settimeout(max(timeout, 0.001))  # 0 would make the socket non-blocking
         _connect(sock, pid, name, timeout)
         _check_server(sock, pid, name)
         try:
@@ -220,9 +246,9 @@ def request(pid: int, cmd: str, fds: tuple[int, ...] = (), timeout: float = DEFA
                     sock.send(msg)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # a refusal is sent before the request is read: read it below
-            raw, got_fds = _recv_all(sock, pid)
-        except socket.timeout:
-            raise ShimError(f"process {pid}: no reply to {cmd!r} within {timeout:g} s") from None
+            raw, got_fds = _recv_all(sock, pid, cmd, deadline, timeout)
+        except socket.timeout:  # a send that could not go out
+            raise ShimNoAnswer(f"process {pid}: no reply to {cmd!r} within {timeout:.1f} s") from None
         except OSError as e:
             if e.errno in (errno.ECONNRESET, errno.EPIPE):
                 raise ShimError(f"process {pid} closed the connection during {cmd!r}") from None
@@ -257,15 +283,17 @@ def status(pid: int, timeout: float = DEFAULT_TIMEOUT) -> dict:
     return request(pid, "status", timeout=timeout)[0]
 
 
-def quiesce(pid: int, timeout_ms: int = 2000) -> dict:
-    """Holds the GPU work of `pid` (both gates closed, GPU drained). BusyError: retry later."""
-    return request(pid, "quiesce", timeout=timeout_ms / 1000 * 3 + DEFAULT_TIMEOUT,
-                   timeout_ms=timeout_ms)[0]
+def quiesce(pid: int, timeout_ms: int = 2000, timeout: float = None) -> dict:
+    """Holds the GPU work of `pid` (both gates closed, GPU drained). BusyError: retry later.
+    timeout: the request's bound (default: room for both of the shim's drain stages)."""
+    if timeout is None:
+        timeout = timeout_ms / 1000 * 3 + DEFAULT_TIMEOUT
+    return request(pid, "quiesce", timeout=timeout, timeout_ms=timeout_ms)[0]
 
 
-def resume(pid: int) -> dict:
+def resume(pid: int, timeout: float = DEFAULT_TIMEOUT) -> dict:
     """Opens both gates of `pid` again (also after a refused or busy quiesce)."""
-    return request(pid, "resume")[0]
+    return request(pid, "resume", timeout=timeout)[0]
 
 
 def shim_pids() -> list[int]:

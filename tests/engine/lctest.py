@@ -109,3 +109,24 @@ def wait_for(cond, timeout=10.0, what="condition"):
             return
         time.sleep(0.05)
     raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def pair(lc, workload, tmp_path, a_env=None, b_env=None):
+    """Two workloads sharing "buf" (a exports, b imports), set to 42."""
+    a = workload(dict(lc.app, **(a_env or {})))
+    b = workload(dict(lc.app, **(b_env or {})))
+    share(a, b, tmp_path)
+    write(a, "buf", 42)
+    return a, b
+
+
+def assert_runs_as_before(lc, a, b):
+    """Same contents, sharing live, gates open, nothing held, and a new suspend/resume works."""
+    assert values(b, "buf") == [42] * 4
+    assert shim_state(lc, a.pid) == "running" and shim_state(lc, b.pid) == "running"
+    assert not [f for f in os.listdir(lc.run_dir) if f.startswith("pid-")]
+    assert_shared(a, b)
+    write(a, "buf", 43)
+    suspend(lc, a.pid, b.pid)
+    resume(lc, a.pid)
+    assert values(b, "buf") == [43] * 4

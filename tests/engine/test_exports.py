@@ -50,7 +50,7 @@ def shims(monkeypatch):
 
 def test_allocations_of_one_owner_come_in_batches_in_order(shims):
     units = [unit(10, i) for i in range(1, 71)] + [unit(20, 1), unit(20, 2, "import")]
-    with ex.Exports(units) as exports:
+    with ex.Exports(units, 10) as exports:
         assert [named(exports.take(u)) for u in units] == [u.id for u in units]
     assert [(pid, cmd, len(str(arg).split(","))) for pid, cmd, arg in shims.calls] == [
         (10, "export", 32), (10, "export", 32), (10, "export", 6),
@@ -59,7 +59,7 @@ def test_allocations_of_one_owner_come_in_batches_in_order(shims):
 
 def test_fds_fetched_ahead_and_not_taken_are_closed(shims):
     units = [unit(10, i) for i in range(1, 5)]
-    with ex.Exports(units) as exports:
+    with ex.Exports(units, 10) as exports:
         named(exports.take(units[0]))
     for fd in shims.open[1:]:
         with pytest.raises(OSError):
@@ -70,7 +70,7 @@ def test_a_shim_without_ids_is_asked_one_at_a_time(monkeypatch):
     fake = FakeShims(take_ids=False)
     monkeypatch.setattr(ex.control, "request", fake.request)
     units = [unit(10, i) for i in range(1, 4)]
-    with ex.Exports(units) as exports:
+    with ex.Exports(units, 10) as exports:
         assert [named(exports.take(u)) for u in units] == [1, 2, 3]
     assert [c[1:] for c in fake.calls] == [("export", "1,2,3"), ("export", 1), ("export", 2), ("export", 3)]
 
@@ -84,7 +84,7 @@ def test_a_reply_with_the_wrong_number_of_fds_is_an_error_and_leaks_nothing(monk
         return reply, fds
     monkeypatch.setattr(ex.control, "request", short)
     units = [unit(10, i) for i in range(1, 4)]
-    with ex.Exports(units) as exports, pytest.raises(ShimError, match="sent 2 fds"):
+    with ex.Exports(units, 10) as exports, pytest.raises(ShimError, match="sent 2 fds"):
         exports.take(units[0])
     for fd in fake.open:
         with pytest.raises(OSError):

@@ -5,31 +5,11 @@ import os
 
 import pytest
 
-from lctest import (assert_shared, device_usage, resume, shim_state, share, suspend, values,
-                    wait_for, write)
+from lctest import (assert_runs_as_before, assert_shared, device_usage, pair, resume, shim_state,
+                    suspend, values, wait_for, write)
 from shimtest import fake_only
 
 ROLLED_BACK = "rolled back, the workload runs as before"
-
-
-def pair(lc, workload, tmp_path, a_env=None, b_env=None):
-    a = workload(dict(lc.app, **(a_env or {})))
-    b = workload(dict(lc.app, **(b_env or {})))
-    share(a, b, tmp_path)
-    write(a, "buf", 42)
-    return a, b
-
-
-def assert_runs_as_before(lc, a, b):
-    """Same contents, sharing live, gates open, nothing held, and a new suspend/resume works."""
-    assert values(b, "buf") == [42] * 4
-    assert shim_state(lc, a.pid) == "running" and shim_state(lc, b.pid) == "running"
-    assert not [f for f in os.listdir(lc.run_dir) if f.startswith("pid-")]
-    assert_shared(a, b)
-    write(a, "buf", 43)
-    suspend(lc, a.pid, b.pid)
-    resume(lc, a.pid)
-    assert values(b, "buf") == [43] * 4
 
 
 @fake_only

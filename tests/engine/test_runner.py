@@ -11,6 +11,7 @@ class Group:
 
     def __init__(self, fail=None, fail_undo=None, exc=None):
         self.done, self.times, self.ran = [], {}, []
+        self.undo_deadlines = []  # per step begun: whether its waits got the undo bound
         self.fail, self.fail_undo, self.exc = fail, fail_undo, exc or BusyError("drain")
         self.stats = None
 
@@ -22,6 +23,9 @@ class Group:
 
     def drop_dead(self):
         return []
+
+    def begin_step(self, undo=False):
+        self.undo_deadlines.append(undo)
 
     def step(self, name):
         def run():
@@ -63,6 +67,8 @@ def test_any_failure_rolls_back_what_was_begun_in_undo_order(exc):
     assert g.done == []
     if isinstance(exc, BusyError):
         assert e.value.exit_code == BusyError.exit_code  # the cause's code: rolled back
+    # every step got a deadline of its own: --timeout's for the list, the undo bound for the rollback
+    assert g.undo_deadlines == [False] * 5 + [True] * 5
 
 
 def test_a_failed_rollback_leaves_the_group_held():

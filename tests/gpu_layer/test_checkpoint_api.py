@@ -1,5 +1,6 @@
 """The checkpoint API wrapper's pure parts: GPU maps, the node-wide driver lock, per-pid results."""
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import time
 import pytest
 
 from criu_gpushare.gpu import checkpoint_api as ck
-from criu_gpushare.errors import BusyError, DriverError, Error
+from criu_gpushare.errors import BusyError, DriverError, Error, NoAnswer
 
 A, B, C = "GPU-aaaaaaaa-0000-0000-0000-000000000000", "GPU-bbbbbbbb-0000-0000-0000-000000000000", \
     "GPU-cccccccc-0000-0000-0000-000000000000"
@@ -51,6 +52,21 @@ def test_for_each_reports_every_pid_and_times_out_a_hung_call():
     assert "lock of pid 3 did not return within" in str(results[3])
     with pytest.raises(DriverError, match="boom.*did not return"):
         ck.raise_first(results)
+
+
+def test_a_driver_call_on_a_stopped_process_ends_at_once(sleeper):
+    """The driver reaches a process through a thread of its own: stopped, it never answers, and
+    the call is given up as soon as that is seen, naming the pid (NoAnswer's exit code)."""
+    os.kill(sleeper.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        results = ck.for_each([sleeper.pid], lambda pid: time.sleep(30), timeout_s=60, what="checkpoint")
+        assert time.monotonic() - t0 < 10
+        assert f"process {sleeper.pid}: is stopped (SIGSTOP)" in str(results[sleeper.pid])
+        with pytest.raises(NoAnswer):
+            ck.raise_first(results)
+    finally:
+        os.kill(sleeper.pid, signal.SIGCONT)
 
 
 def test_driver_lock_excludes_a_second_process(tmp_path):

@@ -6,6 +6,7 @@ CRIU_GPUSHARE_TEST_DRIVER=real on a GPU (scripts/gpu-tests.sh)."""
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -17,9 +18,11 @@ from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 from criudoors import (HOOK, assert_back, assert_nothing_restored, cli, criu_run, dumped, hook_dump,
                        state_of, wait_gone)
 from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
-from interrupts import interrupt, paused_env
+from interrupts import interrupt, paused_env, wait_until
 from phasecheck import assert_phases_cover, timed_cli
+from criu_gpushare import waits
 from criu_gpushare.engine.record import RECORD_NAME
+from criu_gpushare.errors import NoAnswer
 
 
 def test_wrapper_dump_then_restore(env, tree, tmp_path):
@@ -188,6 +191,23 @@ def test_a_failed_dump_rolls_back_and_leaves_no_ref(env, tree, tmp_path):
     r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", "dump", str(parent.pid),
                         str(tmp_path / "images")], env=tool, capture_output=True, text=True, timeout=180)
     assert r.returncode != 0 and "failed at step release" in r.stderr and "rolled back" in r.stderr, r.stderr
+    assert_back(env, a, b)
+    refs = tmp_path / "store" / "refs"
+    assert not refs.exists() or not list(refs.iterdir())
+
+
+def test_a_member_someone_stopped_is_refused_at_pre_dump_and_runs_on_once_continued(env, tree, tmp_path):
+    """A process stopped by someone else (SIGSTOP) cannot answer its shim or the driver: the dump
+    is refused before anything changes, naming it (exit 19), where it used to wait for it."""
+    parent, a, b = tree
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        wait_until(lambda: waits.stopped(b.pid), f"pid {b.pid} to stop")
+        r = cli(env, "dump", parent.pid, tmp_path / "images", "--leave-running", timeout=90)
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    assert r.returncode == NoAnswer.exit_code, r.stderr
+    assert f"process {b.pid}: is stopped (SIGSTOP)" in r.stderr and "nothing was changed" in r.stderr
     assert_back(env, a, b)
     refs = tmp_path / "store" / "refs"
     assert not refs.exists() or not list(refs.iterdir())

@@ -5,11 +5,14 @@ socket name promises, running as root or as that process's owner (shim/protocol.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 
 import pytest
 
-from criu_gpushare.errors import BusyError, Error, ShimError, ShimNotServing
+from criu_gpushare import waits
+from criu_gpushare.errors import BusyError, Error, NoAnswer, ProcessNoAnswer, ShimError, ShimNotServing
 from criu_gpushare.shimctl import client as control
 
 NOBODY = 65534
@@ -29,6 +32,26 @@ def test_a_server_that_never_answers_times_out(fake_server):
     pid = fake_server("mute")
     with pytest.raises(ShimError, match=f"process {pid}: no reply to 'status' within 0.5 s"):
         control.status(pid, timeout=0.5)
+
+
+def test_a_stopped_server_is_named_at_once_not_waited_for(fake_server):
+    """SIGSTOP: nothing of the process runs until SIGCONT, so the request fails as soon as that is
+    seen (NoAnswer's exit code), however long its timeout."""
+    pid = fake_server("reply", "--reply", STATUS)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while not waits.stopped(pid):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        with pytest.raises(ProcessNoAnswer, match=rf"process {pid}: is stopped \(SIGSTOP\)") as e:
+            control.status(pid, timeout=60)
+        assert time.monotonic() - t0 < 10
+        assert e.value.exit_code == NoAnswer.exit_code
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert control.status(pid)["ok"]  # running again: it answers
 
 
 def test_no_socket_is_not_serving(sleeper):
