@@ -27,10 +27,17 @@ import pytest
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(TESTS)
 sys.path.insert(0, os.path.join(TESTS, "criu"))
+sys.path.insert(0, os.path.join(TESTS, "shim"))
 
 from criutest import dies  # noqa: E402
 from criuwork import LC_WORKLOAD, Client, values, write  # noqa: E402
 from runcbox import RUNC, Container, cgroup2_view  # noqa: E402
+from shimtest import REAL_DRIVER  # noqa: E402
+
+# The workload is the fake driver's (its state file crosses into the container); on the GPU,
+# tests/gpu/test_runc_gpu.py runs a torch container through the same route.
+pytestmark = pytest.mark.skipif(REAL_DRIVER, reason="fake driver only: on the GPU, "
+                                "tests/gpu/test_runc_gpu.py covers runc")
 
 HOOK = shutil.which("criu-gpushare-hook")
 MIB = 1 << 20
