@@ -9,6 +9,7 @@ import time
 import pytest
 
 from criu_gpushare.engine import dump, journal as jn, record, statedir
+from criu_gpushare.engine.steps import Options
 from criu_gpushare.errors import StoreError
 from criu_gpushare.store import Allocation, Manifest, ProcessEntry, Store
 
@@ -29,6 +30,11 @@ def store_dir(tmp_path):
     return path
 
 
+def dump_job(pid, images_dir, store_dir):
+    """A DumpJob with the options engine/jobs.py gives a dump."""
+    return dump.DumpJob(pid, images_dir, Options(store=store_dir, ref=f"dump-{pid}-test", hold_kind="dump"))
+
+
 def commit_ref(store_dir, name):
     with Store.open(store_dir) as store, store.begin_write(name) as session:
         puts = [session.put(random.Random(1).randbytes(4096))]
@@ -40,7 +46,7 @@ def test_a_tree_without_cuda_gets_a_record_saying_so_and_leaves_no_state(run_dir
     assert dump.cuda_pids(tree.pid) == []
     images = tmp_path / "images"
     images.mkdir()
-    job = dump.DumpJob(tree.pid, str(images), store_dir)
+    job = dump_job(tree.pid, str(images), store_dir)
     assert job.begin() is False
     rec = record.read(str(images))
     assert rec["gpu_state"] is False and rec["processes"][0]["pid"] == tree.pid
@@ -50,7 +56,7 @@ def test_a_tree_without_cuda_gets_a_record_saying_so_and_leaves_no_state(run_dir
 
 
 def test_a_dump_that_cannot_write_its_record_leaves_nothing(run_dir, tree, tmp_path, store_dir):
-    job = dump.DumpJob(tree.pid, str(tmp_path / "no-such-dir"), store_dir)
+    job = dump_job(tree.pid, str(tmp_path / "no-such-dir"), store_dir)
     with pytest.raises(OSError):
         job.begin()
     assert os.listdir(run_dir) == [] and jn.owner_of(tree.pid) is None
@@ -58,7 +64,7 @@ def test_a_dump_that_cannot_write_its_record_leaves_nothing(run_dir, tree, tmp_p
 
 def test_post_dump_fails_when_the_checkpoint_is_not_in_the_store(run_dir, tree, tmp_path,
                                                                  store_dir):
-    job = dump.DumpJob(tree.pid, str(tmp_path), store_dir)
+    job = dump_job(tree.pid, str(tmp_path), store_dir)
     job.journal = jn.Journal.create("dump", job.pids, jn.DUMPED, store=store_dir, ref=job.ref)
     with pytest.raises(StoreError, match=f"refs/{job.ref}: no such checkpoint"):
         job.complete()
@@ -71,7 +77,7 @@ def test_post_dump_fails_when_the_checkpoint_is_not_in_the_store(run_dir, tree, 
 @pytest.mark.parametrize("completed", [False, True])
 def test_once_criu_killed_the_tree_only_a_completed_dump_keeps_its_ref(run_dir, tree, tmp_path,
                                                                        store_dir, completed):
-    job = dump.DumpJob(tree.pid, str(tmp_path), store_dir)
+    job = dump_job(tree.pid, str(tmp_path), store_dir)
     job.journal = jn.Journal.create("dump", job.pids, jn.DUMPED, store=store_dir, ref=job.ref)
     job.group = dump.Group(job.pids, job.options)
     commit_ref(store_dir, job.ref)

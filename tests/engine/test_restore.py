@@ -38,19 +38,19 @@ def image(tmp_path, monkeypatch):
 
 def test_an_image_that_fits_this_machine_passes(image):
     images, rec, *_ = image
-    assert restore.check(images) == rec
+    assert restore.check(images)[0] == rec
 
 
 def test_an_image_without_gpu_state_needs_nothing(image):
     images, rec, *_ = image
     record.write(images, dict(rec, gpu_state=False))
-    assert restore.check(images) is None
+    assert restore.check(images) == (None, None)
 
 
 def test_an_image_without_a_record_is_refused_unless_its_tree_has_no_cuda(tmp_path):
     with pytest.raises(record.RecordMissing, match="not dumped through criu-gpushare"):
         restore.check(str(tmp_path), has_libcuda=lambda: True)
-    assert restore.check(str(tmp_path), has_libcuda=lambda: False) is None
+    assert restore.check(str(tmp_path), has_libcuda=lambda: False) == (None, None)
 
 
 def test_a_lost_chunk_is_refused_naming_it(image):
@@ -67,7 +67,7 @@ def test_another_store_can_be_named(image, tmp_path):
     os.rename(store_dir, str(tmp_path / "moved"))
     with pytest.raises(StoreError):
         restore.check(images)
-    assert restore.check(images, store_path=str(tmp_path / "moved"))["ref"] == "dump-1"
+    assert restore.check(images, store_path=str(tmp_path / "moved"))[0]["ref"] == "dump-1"
 
 
 def test_a_missing_gpu_is_refused_saying_how_to_map_it(image):
@@ -77,7 +77,7 @@ def test_a_missing_gpu_is_refused_saying_how_to_map_it(image):
                                          "it with --gpu-map GPU-aaaa=<UUID of a GPU here> "
                                          r"\(here: GPU-bbbb\)"):
         restore.check(images)
-    assert restore.check(images, gpu_map={"GPU-aaaa": "GPU-bbbb"})["ref"] == "dump-1"
+    assert restore.check(images, gpu_map={"GPU-aaaa": "GPU-bbbb"})[0]["ref"] == "dump-1"
 
 
 def test_a_gpu_of_another_model_is_refused(image):
