@@ -6,7 +6,8 @@
  * an fd) and before any answer is believed, the server must be the process the name promises
  * (SO_PEERCRED pid) and run as root or as this process's effective uid. And a name must cost the
  * program nothing when it is not a shim's: the connect does not wait (a full listen backlog skips
- * the name at once), and the credentials are known the moment it succeeds.
+ * the name at once), and the credentials are known the moment it succeeds. A stopped process's
+ * shim is not asked at all: it could not answer before the request's timeout.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -18,10 +19,33 @@
 #include "peer.h"
 #include "wire.h"
 
+/* Whether pid is stopped by a signal (SIGSTOP; criu-gpushare's hand-over to CRIU): its shim would
+ * accept the connection and answer nothing until it runs again, so asking it costs the request's
+ * whole timeout. Not a tracing stop ('t'): the tool's freezer stops a process's other threads
+ * that way while its shim's thread answers. */
+static int stopped(pid_t pid)
+{
+    char path[64], buf[512];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    return paren && paren[1] == ' ' && paren[2] == 'T';
+}
+
 /* A connected socket to the shim of pid, blocking from now on; -1 when the name is not bound, its
- * backlog is full, or its server is not pid, or runs as a user this shim does not trust. */
+ * backlog is full, its process is stopped, or its server is not pid, or runs as a user this shim
+ * does not trust. */
 static int connect_trusted(pid_t pid)
 {
+    if (stopped(pid))
+        return -1;
     int sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (sock < 0)
         return -1;

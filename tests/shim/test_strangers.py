@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -60,6 +61,22 @@ def test_full_backlogs_of_squatted_names_cost_an_import_nothing(workload, cuda_e
     root.do(f"import x {fd} 2097152", timeout=120)
     took = time.monotonic() - t0
     assert took < 0.5, f"cuMemImportFromShareableHandle took {took:.2f} s behind 20 squatted names"
+
+
+def test_a_stopped_shim_costs_an_import_nothing(workload, cuda_env, tmp_path):
+    """A process stopped by a signal (SIGSTOP, or criu-gpushare's hand-over to CRIU) would take its
+    shim's connection and answer nothing: it is not asked."""
+    plain, root, stopped = workload(env=cuda_env), workload(), workload()
+    fd = unclaimed_fd(plain, root, tmp_path, "x")
+    os.kill(stopped.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        root.do(f"import x {fd} 2097152", timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        os.kill(stopped.pid, signal.SIGCONT)
+    assert took < 0.5, f"cuMemImportFromShareableHandle took {took:.2f} s behind a stopped shim"
+    assert stopped.status()["ok"]
 
 
 def test_idle_connections_of_another_user_do_not_slow_status(workload, stranger):

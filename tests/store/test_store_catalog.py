@@ -47,7 +47,7 @@ def test_a_ref_is_replaced_whole_and_keeps_its_meta(store):
 @pytest.mark.parametrize("content,message", [
     (b"not json", "bad ref: not a criu-gpushare-ref JSON file"),
     (json.dumps({"format": REF_FORMAT, "version": 2, "manifest": "ab" * 16}).encode(),
-     "ref format version 2 is not one this tool reads .*upgrade criu-gpushare"),
+     r"ref format version 2 is newer than this tool reads \(version 1\); upgrade criu-gpushare"),
     (json.dumps({"format": REF_FORMAT, "version": 1, "manifest": "../x"}).encode(),
      "bad ref: manifest '../x' is not a manifest id"),
 ])
