@@ -38,6 +38,7 @@ this one, under the tool's node-wide driver lock, never while a tool command run
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import shutil
 import sys
@@ -101,7 +102,7 @@ class Bench:
         if not args.no_disk:
             os.makedirs(args.disk, exist_ok=True)
             self.targets.append(("disk", tempfile.mkdtemp(prefix="stores.", dir=args.disk)))
-        self.s3 = None
+        self.s3, self.s3_buckets = None, itertools.count(1)  # one bucket per store: none to empty first
         if args.s3:
             self.s3 = _start_s3(os.path.join(tempfile.mkdtemp(prefix="s3.", dir=_made(args.disk))))
             self.env.update({k: v for k, v in self.s3.env().items() if k.startswith("AWS_")})
@@ -144,8 +145,7 @@ class Bench:
 
     def fresh_store(self, target_dir, tag):
         if self.s3 is not None and target_dir == self.s3.workdir:
-            self.s3_buckets = getattr(self, "s3_buckets", 0) + 1  # one bucket per store: no emptying
-            return f"s3://{self.s3.new_bucket(f'{tag}-{self.s3_buckets}'.lower())}/store"
+            return f"s3://{self.s3.new_bucket(f'{tag}-{next(self.s3_buckets)}'.lower())}/store"
         path = os.path.join(target_dir, tag)
         shutil.rmtree(path, ignore_errors=True)
         return path
@@ -215,6 +215,7 @@ class Bench:
         wl = self.ensure(wl, name, spec)
         row.bytes = wl.bytes
         store = self.fresh_store(tdir, f"store-{name}")
+        # CRIU writes its images to a directory: for an s3:// store, beside the tmpfs store
         images = os.path.join(tdir if target != "s3" else self.targets[0][1], f"images-{name}")
         shutil.rmtree(images, ignore_errors=True)
         os.makedirs(images)

@@ -30,20 +30,24 @@ class Deadline:
         return time.monotonic() >= self.end
 
 
-def _states(pid):
-    """{tid: state letter} of pid's threads (/proc/PID/task/TID/stat); {} when it is gone."""
-    out = {}
+def thread_state(pid, tid):
+    """The state letter of thread tid of pid (/proc/PID/task/TID/stat: R, S, T, t, Z, ...), or None
+    when it is gone."""
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _states(pid):
+    """{tid: state letter} of pid's threads; {} when it is gone."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
     except OSError:
-        return out
-    for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                out[int(tid)] = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError, ValueError):
-            continue  # exited meanwhile
-    return out
+        return {}
+    states = {tid: thread_state(pid, tid) for tid in tids}
+    return {tid: s for tid, s in states.items() if s is not None}  # some exited meanwhile
 
 
 def stopped(pid):

@@ -14,6 +14,7 @@ import os
 import signal
 import time
 
+from .. import waits
 from ..errors import Error
 
 FAULT_ENV = "CRIU_GPUSHARE_FAULT"
@@ -51,10 +52,6 @@ def _wait_dead(pid, timeout_s=10):
     is seen only once it has."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
-                    return
-        except (OSError, IndexError):
+        if waits.thread_state(pid, pid) in (None, "Z", "X"):
             return
         time.sleep(0.005)

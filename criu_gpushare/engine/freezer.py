@@ -74,18 +74,10 @@ def tid_of_ns_tid(pid, nstid):
     return None
 
 
-def _thread_state(pid, tid):
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 def group_stopped(pid):
     """Every thread of pid is in a group stop (SIGSTOP), none traced or running."""
     try:
-        return all(_thread_state(pid, t) in ("T", None) for t in thread_ids(pid))
+        return all(waits.thread_state(pid, t) in ("T", None) for t in thread_ids(pid))
     except ProcessError:
         return False
 
@@ -148,7 +140,7 @@ class Freezer:
             if got == 0:  # not stopped yet: a thread inside a system call stops on its way out
                 if deadline.passed():
                     raise ProcessNoAnswer(pid, f"thread {tid} did not stop within "
-                                          f"{deadline.seconds:g} s (state {_thread_state(pid, tid)}: "
+                                          f"{deadline.seconds:g} s (state {waits.thread_state(pid, tid)}: "
                                           "held in the kernel, e.g. a driver call that does not return)")
                 time.sleep(delay)
                 delay = min(delay * 2, 0.005)

@@ -12,9 +12,14 @@ from criuwork import reap, values, write
 HOOK = shutil.which("criu-gpushare-hook")
 
 
-def cli(env, *args, timeout=180):
-    return subprocess.run([sys.executable, "-m", "criu_gpushare.cli", *map(str, args)], env=env["tool"],
-                          capture_output=True, text=True, timeout=timeout)
+def _tool_env(env, fault):
+    return dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}))
+
+
+def cli(env, *args, timeout=180, fault=None):
+    """`criu-gpushare ARGS` in the tool's environment (with CRIU_GPUSHARE_FAULT=fault)."""
+    return subprocess.run([sys.executable, "-m", "criu_gpushare.cli", *map(str, args)],
+                          env=_tool_env(env, fault), capture_output=True, text=True, timeout=timeout)
 
 
 def hook_argv(criu, args, images, log):
@@ -22,9 +27,8 @@ def hook_argv(criu, args, images, log):
 
 
 def criu_run(criu, env, args, images, log, fault=None):
-    tool = dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}))
-    return subprocess.run(hook_argv(criu, args, images, log), env=tool, capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run(hook_argv(criu, args, images, log), env=_tool_env(env, fault),
+                          capture_output=True, text=True, timeout=180)
 
 
 def hook_dump(criu, env, parent, tmp_path, *extra, fault=None):
@@ -66,6 +70,16 @@ def dumped(env, tree, tmp_path):
     parent.wait(10)
     reap([a.pid, b.pid])
     return images, json.loads(r.stdout)
+
+
+def hook_dumped(criu, env, tree, tmp_path, *extra):
+    """The tree dumped through the hook (CRIU ends it) and reaped: its image directory."""
+    parent, a, b = tree
+    images, r = hook_dump(criu, env, parent, tmp_path, *extra)
+    assert r.returncode == 0, (images / "dump.log").read_text()[-4000:]
+    parent.wait(10)
+    reap([a.pid, b.pid])
+    return images
 
 
 def assert_nothing_restored(a, b):

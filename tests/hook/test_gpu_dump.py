@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
 from criudoors import (HOOK, assert_back, assert_nothing_restored, cli, criu_run, dumped, hook_dump,
-                       state_of, wait_gone)
+                       hook_dumped, state_of, wait_gone)
 from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
 from interrupts import interrupt, paused_env, wait_until
 from phasecheck import assert_phases_cover, timed_cli
@@ -61,10 +61,7 @@ def test_wrapper_dump_leave_running(env, tree, tmp_path):
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_hook_dump_then_restore(env, tree, tmp_path, criu):
     parent, a, b = tree
-    images, r = hook_dump(criu, env, parent, tmp_path, "-v4")
-    assert r.returncode == 0, (images / "dump.log").read_text()[-4000:]
-    parent.wait(10)
-    reap([a.pid, b.pid])
+    images = hook_dumped(criu, env, tree, tmp_path, "-v4")
     r = criu_run(criu, env, ["restore", "-d", "-v4"], images, "restore.log")
     assert r.returncode == 0, (images / "restore.log").read_text()[-4000:]
     a.wait_ready()
@@ -187,9 +184,7 @@ def test_an_image_and_its_store_move_elsewhere(env, tree, tmp_path, named_by):
 
 def test_a_failed_dump_rolls_back_and_leaves_no_ref(env, tree, tmp_path):
     parent, a, b = tree
-    tool = dict(env["tool"], CRIU_GPUSHARE_FAULT="release")
-    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", "dump", str(parent.pid),
-                        str(tmp_path / "images")], env=tool, capture_output=True, text=True, timeout=180)
+    r = cli(env, "dump", parent.pid, tmp_path / "images", fault="release")
     assert r.returncode != 0 and "failed at step release" in r.stderr and "rolled back" in r.stderr, r.stderr
     assert_back(env, a, b)
     refs = tmp_path / "store" / "refs"
@@ -232,9 +227,7 @@ def test_a_tree_where_a_cuda_process_without_the_shim_imports_is_refused(env, tm
 def test_a_restore_that_fails_after_criu_stays_held_and_resume_finishes_it(env, tree, tmp_path):
     parent, a, b = tree
     images, _ = dumped(env, tree, tmp_path)
-    tool = dict(env["tool"], CRIU_GPUSHARE_FAULT="load")
-    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", "restore", str(images)], env=tool,
-                       capture_output=True, text=True, timeout=180)
+    r = cli(env, "restore", images, fault="load")
     assert r.returncode == 15 and "restore failed at step load" in r.stderr, r.stderr
     status = cli(env, "status", a.pid)
     assert "(restore of group" in status.stdout, status.stdout
@@ -269,10 +262,7 @@ def test_the_hooks_holder_killed_after_post_dump_of_a_leave_running_dump(env, tr
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_the_hook_killed_at_post_resume_is_recovered_by_resume(env, tree, tmp_path, criu):
     parent, a, b = tree
-    images, r = hook_dump(criu, env, parent, tmp_path)
-    assert r.returncode == 0, (images / "dump.log").read_text()[-3000:]
-    parent.wait(10)
-    reap([a.pid, b.pid])
+    images = hook_dumped(criu, env, tree, tmp_path)
     r = criu_run(criu, env, ["restore", "-d"], images, "restore.log", "load:kill")
     assert r.returncode == 0, (images / "restore.log").read_text()[-3000:]  # CRIU only logs it
     a.wait_ready()
@@ -448,9 +438,7 @@ def test_a_dump_that_fails_after_pre_dump_leaves_the_tree_running_with_its_memor
 def test_a_failed_driver_restore_leaves_the_processes_stopped_until_resume(env, reading, tmp_path):
     parent, a, b = reading
     images, _ = dumped(env, reading, tmp_path)
-    tool = dict(env["tool"], CRIU_GPUSHARE_FAULT="driver-restore")
-    r = subprocess.run([sys.executable, "-m", "criu_gpushare.cli", "restore", str(images)], env=tool,
-                       capture_output=True, text=True, timeout=180)
+    r = cli(env, "restore", images, fault="driver-restore")
     assert r.returncode == 15 and "restore failed at step restore" in r.stderr, r.stderr
     for w in (a, b):  # stopped, not running on memory the driver has not brought back
         assert state_of(w.pid) == "T", f"pid {w.pid} runs while its GPU state is checkpointed"
@@ -463,10 +451,7 @@ def test_a_failed_driver_restore_leaves_the_processes_stopped_until_resume(env, 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_a_failed_gpu_restore_through_the_hook_is_said_plainly(env, reading, tmp_path, criu):
     parent, a, b = reading
-    images, r = hook_dump(criu, env, parent, tmp_path)
-    assert r.returncode == 0, (images / "dump.log").read_text()[-3000:]
-    parent.wait(10)
-    reap([a.pid, b.pid])
+    images = hook_dumped(criu, env, reading, tmp_path)
     r = criu_run(criu, env, ["restore", "-d"], images, "restore.log", "driver-restore")
     assert r.returncode == 0  # CRIU ignores post-resume's exit
     log = (images / "restore.log").read_text()

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from criudoors import cli
 from criuwork import Client, kill_tree
 from procs import become_subreaper, reap_children
 
@@ -56,11 +57,6 @@ def assert_phases_add_up(summary, *names):
 
 def remaps():
     return sorted(glob.glob("/dev/shm/link_remap.*"))
-
-
-def cli(env, *args):
-    return subprocess.run([sys.executable, "-m", "criu_gpushare.cli", *map(str, args)],
-                          env=env["tool"], capture_output=True, text=True, timeout=180)
 
 
 def assert_back(client, value=42):
