@@ -1,6 +1,8 @@
 """`runc checkpoint` / `runc restore` run CRIU's action scripts from the config file that the
 container's `org.criu.config` annotation names: the route by which criu-gpushare-hook reaches
-containers (hooks/runc.conf). The test writes its own config file, never /etc/criu."""
+containers (hooks/runc.conf). The test writes its own config file, never /etc/criu. runc runs with
+the cgroup v2 hierarchy (runcbox.cgroup2_view) where the host has one: the v1 freezer left a task
+of the container in D state past CRIU's 10 s freeze timeout now and then on a hybrid host."""
 from __future__ import annotations
 
 import os
@@ -9,7 +11,7 @@ import shutil
 import pytest
 
 from criutest import dies, status_field
-from runcbox import RUNC, Container
+from runcbox import RUNC, Container, cgroup2_view
 # What CRIU 4.2.1 runs for runc: a container has its own namespaces, so a restore sets them up.
 # Its network namespace is the host's here (CRIU needs iptables to lock a private one), so there is
 # no network-lock/-unlock.
@@ -34,7 +36,7 @@ def recorder(tmp_path):
 def container(criu, tmp_path, recorder):
     if RUNC is None:
         pytest.skip("runc is not installed (Debian: apt-get install runc)")
-    box = Container(tmp_path, recorder[0])
+    box = Container(tmp_path, recorder[0], prefix=cgroup2_view() or [])
     try:
         started = box.runc("run", "--detach", box.id, check=False)
         if started.returncode != 0:
@@ -81,7 +83,7 @@ def test_runc_with_the_hook_of_hooks_runc_conf_passes_a_container_without_cuda(c
     config = tmp_path / "runc.conf"
     config.write_text(example.replace("/usr/local/bin/criu-gpushare-hook", HOOK))
     assert HOOK in config.read_text()
-    box = Container(tmp_path, str(config))
+    box = Container(tmp_path, str(config), prefix=cgroup2_view() or [])
     try:
         if box.runc("run", "--detach", box.id, check=False).returncode != 0:
             pytest.skip("runc cannot start a container here (cgroups?)")
