@@ -53,6 +53,7 @@ from . import plan
 from .exports import Exports, export_one
 from .faults import fault_point
 from .freezer import Freezer, ns_tid, tid_of_ns_tid
+from .results import size
 
 QUIESCE_RETRY_S = 0.25
 QUIESCE_ANSWER_S = 1.0  # a shim's busy answer, after its drain stages used what was left
@@ -349,7 +350,7 @@ class Group:
                 state["next"] = now + 1.0
                 rate = state["done"] / max(now - state["start"], 1e-6)
                 left = (total - state["done"]) / rate if rate else 0.0
-                self.report(f"  {verb} {_size(state['done'])} / {_size(total)}, "
+                self.report(f"  {verb} {size(state['done'])} / {size(total)}, "
                             f"{rate / 1e9:.1f} GB/s, {left:.0f} s left")
         return progress
 
@@ -536,26 +537,6 @@ class Group:
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
-    def phases(self):
-        """self.times as phases that never overlap (a step's timed parts taken out of it)."""
-        out = {}
-        for name, secs in self.times.items():
-            if name == "total":
-                continue
-            parts = self.parts.get(name, {})
-            out[name] = max(0.0, secs - sum(parts.values()))
-            out.update(parts)
-        return out
-
-    def summary(self, what):
-        s = self.stats
-        return {"state": what, "pids": self.pids, "ref": self.options.ref,
-                "seconds": {k: round(v, 3) for k, v in self.times.items()},
-                "phases": {k: round(v, 3) for k, v in self.phases().items()},
-                "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
-                          "zero": s.zero, "unchanged": s.unchanged},
-                "units": len(self.units), "attachments": len(self.attachments)}
-
 
 def _still_checkpointed(pid):
     try:
@@ -575,24 +556,3 @@ def check_readable(store, manifest, ref, consequence):
                            for p in problems[:5])
         raise StoreError(f"{store.path}: {len(problems)} chunk(s) of {ref} cannot be read: "
                          f"{listed}; {consequence}")
-
-
-def format_summary(summary):
-    """The final line: time per phase, bytes copied, written, deduplicated, zero, and skipped as
-    unchanged (never crossed the link)."""
-    secs = summary["seconds"]
-    b = summary["bytes"]
-    phases = ", ".join(f"{k} {v:.2f}s" for k, v in secs.items())
-    moved = "copied" if summary["state"] != "resumed" else "loaded"
-    return (f"{summary['state']} {len(summary['pids'])} process(es): {phases}; "
-            f"{_size(b['copied'])} {moved}, {_size(b['written'])} written, "
-            f"{_size(b['deduplicated'])} deduplicated, {_size(b['zero'])} zero, "
-            f"{_size(b.get('unchanged', 0))} skipped as unchanged")
-
-
-def _size(n):
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n / 2 ** 20:.2f} MiB" if n else "0 B"
-
