@@ -52,7 +52,7 @@ from ..store.backend import open_store
 from . import plan
 from .exports import Exports, export_one
 from .faults import fault_point
-from .freezer import Freezer, ns_tid, tid_of_ns_tid
+from .handover import HandOver
 from .results import size
 
 QUIESCE_RETRY_S = 0.25
@@ -124,13 +124,12 @@ class Group:
         self.units, self.attachments = [], []
         self.manifest = None
         self.done = []            # steps begun, in order, for rollback and status
-        self.freezer = Freezer()
+        self.handover = HandOver()  # its threads while checkpointed, CRIU's hand-over
         self.stats = CopyStats()
         self.times = {}           # seconds per step (and per stretch between them), in order
         self.parts = {}           # step -> {part: seconds}: parts timed inside a step (phases())
         self.gpus = []
         self.manifest_id = None
-        self.restore_tids = {}    # pid -> its driver restore thread, as a tid in its own namespace
         self._device_map = None
         self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
 
@@ -156,7 +155,7 @@ class Group:
 
     def state(self):
         return {"pids": self.pids, "gpus": self.gpus, "done": list(self.done),
-                "restore_tids": {str(p): t for p, t in self.restore_tids.items()},
+                "restore_tids": {str(p): t for p, t in self.handover.restore_tids.items()},
                 "members": [plan.member_state(m) for m in self.members],
                 "units": [plan.unit_state(u) for u in self.units],
                 "attachments": [plan.attachment_state(a) for a in self.attachments]}
@@ -166,7 +165,7 @@ class Group:
         group = cls(state["pids"], options, report)
         group.gpus = state["gpus"]
         group.done = list(state["done"])
-        group.restore_tids = {int(p): t for p, t in state.get("restore_tids", {}).items()}
+        group.handover = HandOver({int(p): t for p, t in state.get("restore_tids", {}).items()})
         group.members = [plan.member_from_state(m) for m in state["members"]]
         group.units = [plan.unit_from_state(u) for u in state["units"]]
         by_key = {u.key: u for u in group.units}
@@ -224,7 +223,7 @@ class Group:
         return {"quiesce": self._quiesce, "save": self._save, "release": self._release,
                 "void": self._void, "lock": self._lock, "freeze": self._freeze,
                 "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
-                "thaw": self.freezer.thaw, "recreate": self._recreate, "load": self._load,
+                "thaw": self.handover.thaw, "recreate": self._recreate, "load": self._load,
                 "attach": self._attach, "reopen": self._reopen,
                 "vacate": self._check_vacated, "stop": self._hand_over}[name]
 
@@ -379,16 +378,10 @@ class Group:
 
     def _freeze(self):
         # Only processes with CUDA state lose mappings at the checkpoint; the others run on.
-        for pid in self.pids_with_cuda():
-            tid = ck.restore_thread_id(pid, self.deadline.left())
-            # Kept for the way back: a stopped process cannot be asked (the query needs the very
-            # thread), and CRIU restores thread ids as the process sees them.
-            self.restore_tids[pid] = ns_tid(pid, tid) or tid
-            self.freezer.freeze(pid, {tid}, self.deadline.left())
+        self.handover.freeze(self.pids_with_cuda(), self.deadline)
 
     def _hand_over(self):
-        for pid in self.pids_with_cuda():
-            self.freezer.hand_over(pid, self.deadline.left())
+        self.handover.hand_over(self.pids_with_cuda(), self.deadline)
 
     def _check_vacated(self):
         """Before CRIU dumps: no process of the group may still hold a /dev/nvidia* file (CRIU
@@ -409,37 +402,13 @@ class Group:
 
     # -- resume and rollback -------------------------------------------------------------------
 
-    def _restore_tid(self, pid):
-        """pid's driver restore thread: the one recorded at the freeze (found again by its tid in
-        the process's namespace), else asked of the driver (the process must be running)."""
-        if pid in self.restore_tids:
-            tid = tid_of_ns_tid(pid, self.restore_tids[pid])
-            if tid is None:
-                raise ProcessError(pid, f"its driver restore thread ({self.restore_tids[pid]} in "
-                                   "its namespace) is gone: its GPU state cannot come back")
-            return tid
-        return ck.restore_thread_id(pid, self.deadline.left())
-
-    def _take_back(self):
-        """Processes handed over stopped (CRIU's dump, its restore, a tree it left running): every
-        thread frozen but the restore thread and the shim's, then continued."""
-        for pid in self.pids_with_cuda():
-            self.freezer.take_back(pid, {self._restore_tid(pid)}, self.deadline.left())
-
-    def _refreeze(self, checkpointed):
-        """Threads that run while their GPU state is checkpointed (a group whose holder died) are
-        frozen again before the driver restore, as in place; thaw follows the unlock."""
-        for pid in checkpointed:
-            if not self.freezer.frozen_threads(pid):
-                self.freezer.freeze(pid, {self._restore_tid(pid)}, self.deadline.left())
-
     def _restore(self):
         if "stop" in self.done:
-            self._take_back()
+            self.handover.take_back(self.pids_with_cuda(), self.deadline)
         todo = [p for p in self.pids_with_cuda()
                 if ck.state(p, self.deadline.left()) is ck.State.CHECKPOINTED]
         if "freeze" in self.done:
-            self._refreeze(todo)
+            self.handover.refreeze(todo, self.deadline)
         pairs = []
         if self.gpus:
             from ..gpu.driver import gpus
@@ -450,17 +419,8 @@ class Group:
                 ck.raise_first(ck.restore_all(todo, pairs))
         except BaseException:
             if "stop" in self.done:
-                self._hand_back([p for p in todo if _still_checkpointed(p)])
+                self.handover.hand_back(todo, self.report)
             raise
-
-    def _hand_back(self, pids):
-        """A failed driver restore after CRIU: the tool exits, and its freeze with it, so the
-        processes still checkpointed are left stopped again (never running on missing memory)."""
-        for pid in pids:
-            try:
-                self.freezer.hand_over(pid)
-            except Error as e:
-                self.report(f"warning: stopping pid {pid} again: {e}")
 
     def _unlock(self):
         locked = [p for p in self.pids_with_cuda() if ck.state(p, self.deadline.left()) is ck.State.LOCKED]
@@ -536,13 +496,6 @@ class Group:
                         store.release_hold(info)
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
-
-
-def _still_checkpointed(pid):
-    try:
-        return ck.state(pid, waits.UNDO_WAIT_S) is not ck.State.RUNNING
-    except Error:
-        return True  # unknown: stopping it is the safe side
 
 
 def check_readable(store, manifest, ref, consequence):

@@ -70,11 +70,12 @@ def test_every_listed_step_has_a_function(tmp_path):
 
 def test_a_group_comes_back_whole_from_its_durable_form(tmp_path):
     group = Group([12, 10, 12], Options(store=str(tmp_path)))
-    group.gpus, group.done, group.restore_tids = ["GPU-a"], ["quiesce", "save"], {10: 3}
+    group.gpus, group.done = ["GPU-a"], ["quiesce", "save"]
+    group.handover.restore_tids = {10: 3}
     state = group.state()
     assert state["pids"] == [10, 12]
     back = Group.from_state(state, Options(store=str(tmp_path)))
-    assert back.state() == state and back.restore_tids == {10: 3}
+    assert back.state() == state and back.handover.restore_tids == {10: 3}
 
 
 def test_the_store_check_names_each_unreadable_chunk_and_what_it_means(store):
