@@ -28,7 +28,7 @@ Back (UNDO: each runs when the step it undoes was begun):
             leaves every pid as it is (after CRIU: stopped again), and resume can be retried
   unlock    only once every pid is restored, so no process runs without its peers
   thaw      CPU threads restarted (nothing they touch is unmapped any more; their GPU work stays
-            held at the gates until reopen); signals that arrived meanwhile are delivered
+            waiting at the gates until reopen); signals that arrived meanwhile are delivered
   recreate  owners re-create their memory at the same addresses (adopters re-create adopted memory)
   load      each unit's bytes come back from the store through this process
   attach    importers map the owners' memory again at their own addresses
@@ -71,7 +71,7 @@ CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "freeze", "checkp
 UNDO = (("checkpoint", "restore"),
         ("lock", "unlock"),
         # Once the driver has restored its memory nothing a CPU thread touches is unmapped (GPU work
-        # stays held at the gates), and a thread frozen inside the shim's state lock would block
+        # stays waiting at the gates), and a thread frozen inside the shim's state lock would block
         # every shim command below.
         ("freeze", "thaw"),
         ("release", "recreate"),
@@ -175,7 +175,7 @@ class Group:
 
     def drop_dead(self):
         """Members that died (a crash during a step): reported and left out of what follows, so
-        that the rest of the group still comes back; memory only they held is lost with them."""
+        that the rest of the group still comes back; memory only they had is lost with them."""
         from .statedir import start_time
         dead = [p for p in self.pids if start_time(p) is None]
         if not dead:
@@ -204,7 +204,7 @@ class Group:
 
     def _open_gates(self, deadline):
         """Every shim's gates opened again, each tried even when one fails (a stopped or stuck
-        process does not keep the others held) -> the failures, naming their pids."""
+        process does not keep the others waiting) -> the failures, naming their pids."""
         failed = []
         for pid in self.shim_pids:
             try:
@@ -250,8 +250,8 @@ class Group:
                 raise
 
     def _replan(self):
-        """The plan again, now that the group's GPU work is held: memory allocated or freed since
-        discover (a pool's churn, a late tensor) is planned as it is now."""
+        """The plan again, now that the group's GPU work waits at the gates: memory allocated or
+        freed since discover (a pool's churn, a late tensor) is planned as it is now."""
         for m in self.members:
             if m.status is not None:
                 m.status = control.status(m.pid, timeout=self.deadline.left())
