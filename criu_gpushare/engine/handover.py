@@ -1,6 +1,7 @@
 """The CPU threads of a group's CUDA processes while their GPU state is checkpointed: frozen in
-place around the driver checkpoint, handed over stopped to CRIU, taken back before the driver
-restore (engine/freezer.py does the ptrace work on one process; this is the group's side of it).
+place around the driver checkpoint, checked free of GPU device files and handed over stopped to
+CRIU, taken back before the driver restore (engine/freezer.py does the ptrace work on one
+process; this is the group's side of it).
 
 Each process's driver restore thread is spared every time. It is found at the freeze and kept
 (`restore_tids`, in the journal): a stopped process cannot be asked for it (the query needs that
@@ -69,6 +70,23 @@ class HandOver:
 
     def thaw(self):
         self.freezer.thaw()
+
+
+def check_vacated(pids, cuda_pids, deadline):
+    """Before the hand-over: no process of the group may still hold a /dev/nvidia* file (CRIU
+    cannot dump one, and the image would hold GPU state it cannot restore). Naming what is left,
+    and where, here beats CRIU's "Can't handle non-regular mapping" later."""
+    from ..shimctl.processes import gpu_device_fds, gpu_device_mappings
+    for pid in pids:
+        left = gpu_device_mappings(pid) + [f"fd {fd} {t}" for fd, t in gpu_device_fds(pid).items()]
+        if left:
+            state = ck.state_if_initialized(pid, deadline.left()) if pid in cuda_pids else None
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
+            raise ProcessError(pid, f"({cmd}) still holds {len(left)} GPU device file(s) after "
+                               f"the driver checkpoint (driver state: "
+                               f"{state.value if state else 'no CUDA state'}): "
+                               f"{'; '.join(left[:4])}; CRIU could not dump it")
 
 
 def _still_checkpointed(pid):

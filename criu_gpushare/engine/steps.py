@@ -52,7 +52,7 @@ from ..store.backend import open_store
 from . import plan
 from .exports import Exports, export_one
 from .faults import fault_point
-from .handover import HandOver
+from .handover import HandOver, check_vacated
 from .results import size
 
 QUIESCE_RETRY_S = 0.25
@@ -110,7 +110,9 @@ class Options:
 
 
 class Group:
-    """One group being suspended, dumped or restored: its plan, and a function per step.
+    """One group being suspended, dumped or restored: its plan, and a function per step (its
+    threads across the checkpoint and CRIU's hand-over are engine/handover.py's, what it reports
+    engine/results.py's).
 
     The plan (members, units, attachments, GPUs) and the steps done are kept in `state()`, which
     the journal stores, so that another process can rebuild the group with `from_state` and finish
@@ -384,21 +386,7 @@ class Group:
         self.handover.hand_over(self.pids_with_cuda(), self.deadline)
 
     def _check_vacated(self):
-        """Before CRIU dumps: no process of the group may still hold a /dev/nvidia* file (CRIU
-        cannot dump one, and the image would hold GPU state it cannot restore). Naming what is
-        left, and where, here beats CRIU's "Can't handle non-regular mapping" later."""
-        from ..shimctl.processes import gpu_device_fds, gpu_device_mappings
-        for pid in self.pids:
-            left = gpu_device_mappings(pid) + [f"fd {fd} {t}" for fd, t in gpu_device_fds(pid).items()]
-            if left:
-                state = (ck.state_if_initialized(pid, self.deadline.left())
-                         if pid in self.pids_with_cuda() else None)
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
-                raise ProcessError(pid, f"({cmd}) still holds {len(left)} GPU device file(s) after "
-                                   f"the driver checkpoint (driver state: "
-                                   f"{state.value if state else 'no CUDA state'}): "
-                                   f"{'; '.join(left[:4])}; CRIU could not dump it")
+        check_vacated(self.pids, self.pids_with_cuda(), self.deadline)
 
     # -- resume and rollback -------------------------------------------------------------------
 
