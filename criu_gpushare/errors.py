@@ -9,7 +9,7 @@ The docstring of each class is its message template. Exit codes:
 A step list that fails and is rolled back exits with the code of the error that made it fail (the
 workload runs as before); one whose rollback failed too exits GroupHeld's code (the group is held,
 `criu-gpushare resume` finishes the rollback); a restore that could not finish exits
-RestoreIncomplete's code (the processes stay held at their gates and the restore can be retried).
+RestoreIncomplete's code (their GPU work stays waiting at the gates and the restore can be retried).
 An interrupt (Ctrl-C) exits Cancelled's code when it undid the work, Interrupted's when it did not
 (engine/cancel.py says which command does what). A process of the group that is stopped, or does
 not answer within the wait's bound (criu_gpushare/waits.py), exits NoAnswer's code.

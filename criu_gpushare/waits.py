@@ -58,7 +58,7 @@ def stopped(pid):
     return "stopped (SIGSTOP)" if "T" in _states(pid).values() else None
 
 
-def held_by_tracer(pid):
+def stopped_by_tracer(pid):
     """"stopped by its tracer (pid N)" when pid's main thread is in a tracing stop by another
     process than this one (a debugger), else None."""
     if _states(pid).get(pid) != "t":

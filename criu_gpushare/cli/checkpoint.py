@@ -13,7 +13,7 @@ import click
 
 from ..criu import rpc
 from ..engine import jobs
-from ..engine.steps import format_summary
+from ..engine.results import format_summary
 from .phases import PhaseClock, format_phases
 from .suspend import parse_gpu_map
 

@@ -25,10 +25,10 @@ def _summary_line(pid, st):
     allocs = st.get("allocations", [])
     size = sum(a["size"] for a in allocs)
     gates = st.get("gates", {})
-    held = [g for g in ("launch", "memory") if gates.get(g, {}).get("closed")]
+    closed = [g for g in ("launch", "memory") if gates.get(g, {}).get("closed")]
     return (f"{pid:>8}  {_state(pid, st):<9}  {len(allocs):>5} alloc ({_mib(size):>11})  "
             f"{len(st.get('imports', [])):>3} import  {len(st.get('exports', [])):>3} export  {len(st.get('host_buffers', [])):>3} "
-            f"host  gates {'held: ' + '+'.join(held) if held else 'open'}"
+            f"host  gates {'held: ' + '+'.join(closed) if closed else 'open'}"
             + ("  UNTRACKED" if st.get("untracked") else ""))
 
 

@@ -5,7 +5,7 @@ import math
 import click
 
 from ..engine import holder, jobs
-from ..engine.steps import format_summary
+from ..engine.results import format_summary
 from ..errors import Interrupted
 from ..gpu import devices
 from .phases import PhaseClock, format_phases

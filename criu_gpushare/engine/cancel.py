@@ -11,7 +11,7 @@
   resume    through the holder: this command stops following and says so, the holder finishes
             (exit 18). In this process (no holder), and `restore` once CRIU has begun: the work
             goes on, since nothing can take it back (the first Ctrl-C only says so); a second one
-            stops it where it is, the processes held, and `resume PID` finishes it (exit 15).
+            stops it where it is, the processes suspended, and `resume PID` finishes it (exit 15).
 The runner (engine/runner.py) never stops a step half-way for a cancel: it asks between steps.
 """
 import contextlib

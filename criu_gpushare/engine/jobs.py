@@ -25,7 +25,8 @@ from ..criu import images, libdir, rpc
 from ..errors import Cancelled, Error, Interrupted, ProcessError
 from ..gpu.devices import parse_gpu_map
 from ..shimctl.processes import process_tree, uses_cuda
-from . import cancel, dump, holder, journal as jn, record as image_record, restore, statedir, suspension
+from . import (cancel, dump, holder, journal as jn, record as image_record, restore, results, statedir,
+               suspension)
 from .steps import Options
 
 
@@ -149,7 +150,8 @@ class Dump:
             if action == "pre-dump":
                 clock.mark("criu start")
                 state["gpu"] = job.begin()
-                clock.absorb(job.group.phases() if state["gpu"] else {}, "gpu out: plan, journal, record")
+                clock.absorb(results.phases(job.group.times, job.group.parts) if state["gpu"] else {},
+                             "gpu out: plan, journal, record")
             elif action == "post-dump":
                 if interrupt.requested():  # CRIU then fails the dump and lets the tree run on
                     raise Cancelled(f"dump of {pid} cancelled by an interrupt at CRIU's post-dump: the "
@@ -183,7 +185,7 @@ class Dump:
         if interrupt.requested():
             raise Interrupted(f"the interrupt came once the dump was done: {images_dir} holds it"
                               + ("" if options.leave_running else " and the tree has ended"))
-        summary = (job.group.summary("dumped") if state["gpu"]
+        summary = (results.summary(job.group, "dumped") if state["gpu"]
                    else {"state": "dumped", "pids": [], "seconds": {}})
         summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "dump"))
         summary.update(images_dir=images_dir, image_bytes=_image_bytes(images_dir),

@@ -1,4 +1,4 @@
-"""The durable record of a group's suspend, dump or restore: what any later run of the tool needs to
+"""The durable state of a group's suspend, dump or restore: what any later run of the tool needs to
 finish or undo it without the process that began it.
 
 State files (engine/statedir.py), for a group keyed by its lowest pid K:

@@ -77,7 +77,7 @@ def discover(pids, deadline):
     anything changes) and what its shim tracks, all within deadline (a waits.Deadline). Needs CUDA
     initialised in this process."""
     for pid in pids:  # before any question: a stopped process would answer none
-        why = waits.stopped(pid) or waits.held_by_tracer(pid)
+        why = waits.stopped(pid) or waits.stopped_by_tracer(pid)
         if why:
             raise ProcessNoAnswer(pid, f"is {why}: neither its shim nor the CUDA driver can answer "
                                   "until it runs again; nothing was changed (continue it, e.g. "

@@ -4,11 +4,11 @@
                       store holds its manifest and every chunk (stat only), and every GPU the group
                       used is here (by UUID, or mapped with --gpu-map OLD=NEW), of the same model,
                       with room for the memory that comes back. Refusing here restores nothing.
-  run(record, root)   post-resume (tasks running, their GPU work held at the shims' gates): the
+  run(record, root)   post-resume (tasks running, their GPU work waiting at the shims' gates): the
                       undo of the dump's steps, in a new process and maybe on another machine:
                       driver restore of every process, unlock, re-create, load, re-attach, reopen.
                       It runs under a journal of kind "restore": a failure leaves the processes
-                      held (gates closed) and `criu-gpushare resume PID` retries it.
+                      suspended (gates closed) and `criu-gpushare resume PID` retries it.
 """
 from ..errors import ImageError
 from ..gpu import driver as drv

@@ -1,4 +1,4 @@
-"""Runs a list of steps (engine/steps.py) on a group, recording each in the journal before it runs,
+"""Runs a list of steps (engine/steps.py) on a group, writing each to the journal before it runs,
 and undoes them on any failure.
 
 Every failure, of any kind (the tool's errors, a bug, Ctrl-C), ends in one of:
@@ -75,7 +75,7 @@ class Runner:
         """cancel: an engine/cancel.Cancel that run() asks before each step and after the last."""
         self.group, self.journal, self.cancel = group, journal, cancel
 
-    def _record(self):
+    def _write_journal(self):
         if self.journal is not None:
             self.journal.set(group=self.group.state())
 
@@ -84,7 +84,7 @@ class Runner:
         g.report(f"{name}...")
         if begin:
             g.done.append(name)
-            self._record()
+            self._write_journal()
         g.begin_step(undo=not begin)  # the step's waits share one deadline (waits.py)
         t = time.monotonic()
         g.step(name)()
@@ -122,5 +122,5 @@ class Runner:
                 except BaseException as e:
                     raise ResumeFailed(step, as_error(e), verb) from e
         g.done.clear()  # forgotten only once everything worked: a retry redoes every undo step
-        self._record()
+        self._write_journal()
         g.times["total"] = time.monotonic() - t0

@@ -28,7 +28,7 @@ Back (UNDO: each runs when the step it undoes was begun):
             leaves every pid as it is (after CRIU: stopped again), and resume can be retried
   unlock    only once every pid is restored, so no process runs without its peers
   thaw      CPU threads restarted (nothing they touch is unmapped any more; their GPU work stays
-            held at the gates until reopen); signals that arrived meanwhile are delivered
+            waiting at the gates until reopen); signals that arrived meanwhile are delivered
   recreate  owners re-create their memory at the same addresses (adopters re-create adopted memory)
   load      each unit's bytes come back from the store through this process
   attach    importers map the owners' memory again at their own addresses
@@ -52,7 +52,8 @@ from ..store.backend import open_store
 from . import plan
 from .exports import Exports, export_one
 from .faults import fault_point
-from .freezer import Freezer, ns_tid, tid_of_ns_tid
+from .handover import HandOver, check_vacated
+from .results import size
 
 QUIESCE_RETRY_S = 0.25
 QUIESCE_ANSWER_S = 1.0  # a shim's busy answer, after its drain stages used what was left
@@ -70,7 +71,7 @@ CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "freeze", "checkp
 UNDO = (("checkpoint", "restore"),
         ("lock", "unlock"),
         # Once the driver has restored its memory nothing a CPU thread touches is unmapped (GPU work
-        # stays held at the gates), and a thread frozen inside the shim's state lock would block
+        # stays waiting at the gates), and a thread frozen inside the shim's state lock would block
         # every shim command below.
         ("freeze", "thaw"),
         ("release", "recreate"),
@@ -109,7 +110,9 @@ class Options:
 
 
 class Group:
-    """One group being suspended, dumped or restored: its plan, and a function per step.
+    """One group being suspended, dumped or restored: its plan, and a function per step (its
+    threads across the checkpoint and CRIU's hand-over are engine/handover.py's, what it reports
+    engine/results.py's).
 
     The plan (members, units, attachments, GPUs) and the steps done are kept in `state()`, which
     the journal stores, so that another process can rebuild the group with `from_state` and finish
@@ -123,13 +126,12 @@ class Group:
         self.units, self.attachments = [], []
         self.manifest = None
         self.done = []            # steps begun, in order, for rollback and status
-        self.freezer = Freezer()
+        self.handover = HandOver()  # its threads while checkpointed, CRIU's hand-over
         self.stats = CopyStats()
         self.times = {}           # seconds per step (and per stretch between them), in order
         self.parts = {}           # step -> {part: seconds}: parts timed inside a step (phases())
         self.gpus = []
         self.manifest_id = None
-        self.restore_tids = {}    # pid -> its driver restore thread, as a tid in its own namespace
         self._device_map = None
         self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
 
@@ -155,7 +157,7 @@ class Group:
 
     def state(self):
         return {"pids": self.pids, "gpus": self.gpus, "done": list(self.done),
-                "restore_tids": {str(p): t for p, t in self.restore_tids.items()},
+                "restore_tids": {str(p): t for p, t in self.handover.restore_tids.items()},
                 "members": [plan.member_state(m) for m in self.members],
                 "units": [plan.unit_state(u) for u in self.units],
                 "attachments": [plan.attachment_state(a) for a in self.attachments]}
@@ -165,7 +167,7 @@ class Group:
         group = cls(state["pids"], options, report)
         group.gpus = state["gpus"]
         group.done = list(state["done"])
-        group.restore_tids = {int(p): t for p, t in state.get("restore_tids", {}).items()}
+        group.handover = HandOver({int(p): t for p, t in state.get("restore_tids", {}).items()})
         group.members = [plan.member_from_state(m) for m in state["members"]]
         group.units = [plan.unit_from_state(u) for u in state["units"]]
         by_key = {u.key: u for u in group.units}
@@ -175,7 +177,7 @@ class Group:
 
     def drop_dead(self):
         """Members that died (a crash during a step): reported and left out of what follows, so
-        that the rest of the group still comes back; memory only they held is lost with them."""
+        that the rest of the group still comes back; memory only they had is lost with them."""
         from .statedir import start_time
         dead = [p for p in self.pids if start_time(p) is None]
         if not dead:
@@ -204,7 +206,7 @@ class Group:
 
     def _open_gates(self, deadline):
         """Every shim's gates opened again, each tried even when one fails (a stopped or stuck
-        process does not keep the others held) -> the failures, naming their pids."""
+        process does not keep the others waiting) -> the failures, naming their pids."""
         failed = []
         for pid in self.shim_pids:
             try:
@@ -223,7 +225,7 @@ class Group:
         return {"quiesce": self._quiesce, "save": self._save, "release": self._release,
                 "void": self._void, "lock": self._lock, "freeze": self._freeze,
                 "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
-                "thaw": self.freezer.thaw, "recreate": self._recreate, "load": self._load,
+                "thaw": self.handover.thaw, "recreate": self._recreate, "load": self._load,
                 "attach": self._attach, "reopen": self._reopen,
                 "vacate": self._check_vacated, "stop": self._hand_over}[name]
 
@@ -250,8 +252,8 @@ class Group:
                 raise
 
     def _replan(self):
-        """The plan again, now that the group's GPU work is held: memory allocated or freed since
-        discover (a pool's churn, a late tensor) is planned as it is now."""
+        """The plan again, now that the group's GPU work waits at the gates: memory allocated or
+        freed since discover (a pool's churn, a late tensor) is planned as it is now."""
         for m in self.members:
             if m.status is not None:
                 m.status = control.status(m.pid, timeout=self.deadline.left())
@@ -349,7 +351,7 @@ class Group:
                 state["next"] = now + 1.0
                 rate = state["done"] / max(now - state["start"], 1e-6)
                 left = (total - state["done"]) / rate if rate else 0.0
-                self.report(f"  {verb} {_size(state['done'])} / {_size(total)}, "
+                self.report(f"  {verb} {size(state['done'])} / {size(total)}, "
                             f"{rate / 1e9:.1f} GB/s, {left:.0f} s left")
         return progress
 
@@ -378,67 +380,23 @@ class Group:
 
     def _freeze(self):
         # Only processes with CUDA state lose mappings at the checkpoint; the others run on.
-        for pid in self.pids_with_cuda():
-            tid = ck.restore_thread_id(pid, self.deadline.left())
-            # Kept for the way back: a stopped process cannot be asked (the query needs the very
-            # thread), and CRIU restores thread ids as the process sees them.
-            self.restore_tids[pid] = ns_tid(pid, tid) or tid
-            self.freezer.freeze(pid, {tid}, self.deadline.left())
+        self.handover.freeze(self.pids_with_cuda(), self.deadline)
 
     def _hand_over(self):
-        for pid in self.pids_with_cuda():
-            self.freezer.hand_over(pid, self.deadline.left())
+        self.handover.hand_over(self.pids_with_cuda(), self.deadline)
 
     def _check_vacated(self):
-        """Before CRIU dumps: no process of the group may still hold a /dev/nvidia* file (CRIU
-        cannot dump one, and the image would hold GPU state it cannot restore). Naming what is
-        left, and where, here beats CRIU's "Can't handle non-regular mapping" later."""
-        from ..shimctl.processes import gpu_device_fds, gpu_device_mappings
-        for pid in self.pids:
-            left = gpu_device_mappings(pid) + [f"fd {fd} {t}" for fd, t in gpu_device_fds(pid).items()]
-            if left:
-                state = (ck.state_if_initialized(pid, self.deadline.left())
-                         if pid in self.pids_with_cuda() else None)
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()[:120]
-                raise ProcessError(pid, f"({cmd}) still holds {len(left)} GPU device file(s) after "
-                                   f"the driver checkpoint (driver state: "
-                                   f"{state.value if state else 'no CUDA state'}): "
-                                   f"{'; '.join(left[:4])}; CRIU could not dump it")
+        check_vacated(self.pids, self.pids_with_cuda(), self.deadline)
 
     # -- resume and rollback -------------------------------------------------------------------
 
-    def _restore_tid(self, pid):
-        """pid's driver restore thread: the one recorded at the freeze (found again by its tid in
-        the process's namespace), else asked of the driver (the process must be running)."""
-        if pid in self.restore_tids:
-            tid = tid_of_ns_tid(pid, self.restore_tids[pid])
-            if tid is None:
-                raise ProcessError(pid, f"its driver restore thread ({self.restore_tids[pid]} in "
-                                   "its namespace) is gone: its GPU state cannot come back")
-            return tid
-        return ck.restore_thread_id(pid, self.deadline.left())
-
-    def _take_back(self):
-        """Processes handed over stopped (CRIU's dump, its restore, a tree it left running): every
-        thread frozen but the restore thread and the shim's, then continued."""
-        for pid in self.pids_with_cuda():
-            self.freezer.take_back(pid, {self._restore_tid(pid)}, self.deadline.left())
-
-    def _refreeze(self, checkpointed):
-        """Threads that run while their GPU state is checkpointed (a group whose holder died) are
-        frozen again before the driver restore, as in place; thaw follows the unlock."""
-        for pid in checkpointed:
-            if not self.freezer.frozen_threads(pid):
-                self.freezer.freeze(pid, {self._restore_tid(pid)}, self.deadline.left())
-
     def _restore(self):
         if "stop" in self.done:
-            self._take_back()
+            self.handover.take_back(self.pids_with_cuda(), self.deadline)
         todo = [p for p in self.pids_with_cuda()
                 if ck.state(p, self.deadline.left()) is ck.State.CHECKPOINTED]
         if "freeze" in self.done:
-            self._refreeze(todo)
+            self.handover.refreeze(todo, self.deadline)
         pairs = []
         if self.gpus:
             from ..gpu.driver import gpus
@@ -449,17 +407,8 @@ class Group:
                 ck.raise_first(ck.restore_all(todo, pairs))
         except BaseException:
             if "stop" in self.done:
-                self._hand_back([p for p in todo if _still_checkpointed(p)])
+                self.handover.hand_back(todo, self.report)
             raise
-
-    def _hand_back(self, pids):
-        """A failed driver restore after CRIU: the tool exits, and its freeze with it, so the
-        processes still checkpointed are left stopped again (never running on missing memory)."""
-        for pid in pids:
-            try:
-                self.freezer.hand_over(pid)
-            except Error as e:
-                self.report(f"warning: stopping pid {pid} again: {e}")
 
     def _unlock(self):
         locked = [p for p in self.pids_with_cuda() if ck.state(p, self.deadline.left()) is ck.State.LOCKED]
@@ -536,33 +485,6 @@ class Group:
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
-    def phases(self):
-        """self.times as phases that never overlap (a step's timed parts taken out of it)."""
-        out = {}
-        for name, secs in self.times.items():
-            if name == "total":
-                continue
-            parts = self.parts.get(name, {})
-            out[name] = max(0.0, secs - sum(parts.values()))
-            out.update(parts)
-        return out
-
-    def summary(self, what):
-        s = self.stats
-        return {"state": what, "pids": self.pids, "ref": self.options.ref,
-                "seconds": {k: round(v, 3) for k, v in self.times.items()},
-                "phases": {k: round(v, 3) for k, v in self.phases().items()},
-                "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
-                          "zero": s.zero, "unchanged": s.unchanged},
-                "units": len(self.units), "attachments": len(self.attachments)}
-
-
-def _still_checkpointed(pid):
-    try:
-        return ck.state(pid, waits.UNDO_WAIT_S) is not ck.State.RUNNING
-    except Error:
-        return True  # unknown: stopping it is the safe side
-
 
 def check_readable(store, manifest, ref, consequence):
     """StoreError when a chunk of manifest is neither in the store nor in its node cache (stat
@@ -575,24 +497,3 @@ def check_readable(store, manifest, ref, consequence):
                            for p in problems[:5])
         raise StoreError(f"{store.path}: {len(problems)} chunk(s) of {ref} cannot be read: "
                          f"{listed}; {consequence}")
-
-
-def format_summary(summary):
-    """The final line: time per phase, bytes copied, written, deduplicated, zero, and skipped as
-    unchanged (never crossed the link)."""
-    secs = summary["seconds"]
-    b = summary["bytes"]
-    phases = ", ".join(f"{k} {v:.2f}s" for k, v in secs.items())
-    moved = "copied" if summary["state"] != "resumed" else "loaded"
-    return (f"{summary['state']} {len(summary['pids'])} process(es): {phases}; "
-            f"{_size(b['copied'])} {moved}, {_size(b['written'])} written, "
-            f"{_size(b['deduplicated'])} deduplicated, {_size(b['zero'])} zero, "
-            f"{_size(b.get('unchanged', 0))} skipped as unchanged")
-
-
-def _size(n):
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20)):
-        if n >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n / 2 ** 20:.2f} MiB" if n else "0 B"
-

@@ -7,7 +7,7 @@ import time
 
 from .. import waits
 from ..errors import GroupHeld, Interrupted, ProcessError
-from . import cancel, holder, journal as jn
+from . import cancel, holder, journal as jn, results
 from .runner import Runner, SuspendHeld
 from .steps import IN_PLACE, Group, Options
 
@@ -47,7 +47,7 @@ class SuspendWork(holder.Work):
             self.journal.close()
             raise
         self.journal.set(state=jn.SUSPENDED)
-        return self.group.summary("suspended"), True
+        return results.summary(self.group, "suspended"), True
 
     def _held_for_stopped(self, held):
         listed = ", ".join(map(str, self.waiting_for))
@@ -100,7 +100,7 @@ def resume_group(group, journal, verb="resume", checked=False):
     group.release_holds()
     group.times = {"check (store)": checked, **group.times, "release holds": time.monotonic() - t}
     journal.close()
-    return group.summary("resumed")
+    return results.summary(group, "resumed")
 
 
 def resume(journal, gpu_map=None, report=print, verify=None, on_recovered=None):

@@ -119,7 +119,7 @@ class LeaseInfo:
     name: str
     started_ns: int
     mtime_ns: int
-    held: bool       # its flock is held by a live writer (on this node, or a lock-sharing FS)
+    locked: bool     # its flock is taken by a live writer (on this node, or a lock-sharing FS)
     live: bool
 
 
@@ -154,18 +154,18 @@ def scan_leases(store, now_ns, grace_ns, remove_stale=False):
             st = os.fstat(fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                held = False
+                locked = False
             except BlockingIOError:
-                held = True
+                locked = True
             started = st.st_mtime_ns
             try:
                 started = int(json.loads(os.pread(fd, 4096, 0))["started_ns"])
             except (ValueError, KeyError, TypeError):
                 pass  # unreadable: the file's own time is a safe stand-in
-            live = held or st.st_mtime_ns >= now_ns - grace_ns
+            live = locked or st.st_mtime_ns >= now_ns - grace_ns
             if not live and remove_stale:
                 fsutil.unlink_quiet(name, dfd)
-            out.append(LeaseInfo(name, min(started, st.st_mtime_ns), st.st_mtime_ns, held, live))
+            out.append(LeaseInfo(name, min(started, st.st_mtime_ns), st.st_mtime_ns, locked, live))
         finally:
             os.close(fd)
     return out

@@ -195,7 +195,7 @@ class Store(ChunkStore):
     def live_writers(self):
         """How many write sessions (dumps) hold a lease now."""
         from .leases import scan_leases
-        return sum(1 for lease in scan_leases(self, 0, 0) if lease.held)
+        return sum(1 for lease in scan_leases(self, 0, 0) if lease.locked)
 
     def collect_garbage(self, grace_s, dry_run=False):
         from .gc import collect_garbage

@@ -70,11 +70,12 @@ def test_every_listed_step_has_a_function(tmp_path):
 
 def test_a_group_comes_back_whole_from_its_durable_form(tmp_path):
     group = Group([12, 10, 12], Options(store=str(tmp_path)))
-    group.gpus, group.done, group.restore_tids = ["GPU-a"], ["quiesce", "save"], {10: 3}
+    group.gpus, group.done = ["GPU-a"], ["quiesce", "save"]
+    group.handover.restore_tids = {10: 3}
     state = group.state()
     assert state["pids"] == [10, 12]
     back = Group.from_state(state, Options(store=str(tmp_path)))
-    assert back.state() == state and back.restore_tids == {10: 3}
+    assert back.state() == state and back.handover.restore_tids == {10: 3}
 
 
 def test_the_store_check_names_each_unreadable_chunk_and_what_it_means(store):
@@ -96,14 +97,3 @@ def test_a_chunk_the_node_cache_holds_is_readable(store, tmp_path):
             steps.check_readable(cached, manifest, "ck", "-")
         with pytest.raises(StoreError):
             steps.check_readable(store, manifest, "ck", "-")  # the same, without the cache
-
-
-def test_the_summary_line():
-    summary = {"state": "suspended", "pids": [1, 2], "seconds": {"quiesce": 0.1, "save": 1.25},
-               "bytes": {"copied": 3 * 2**30, "written": 2**20, "deduplicated": 0, "zero": 0,
-                         "unchanged": 2**21}}
-    assert steps.format_summary(summary) == (
-        "suspended 2 process(es): quiesce 0.10s, save 1.25s; 3.00 GiB copied, 1.00 MiB written, "
-        "0 B deduplicated, 0 B zero, 2.00 MiB skipped as unchanged")
-    assert "loaded" in steps.format_summary(dict(summary, state="resumed"))
-

@@ -1,6 +1,6 @@
 """criu_gpushare/store/leases.py: a write session's lease (FORMAT.md section 7).
 
-What a dump relies on: while its session is open its lease is held (gc sees it live, whatever its
+What a dump relies on: while its session is open its lease is locked (gc sees it live, whatever its
 age), the lease is renewed while chunks go in, and it is gone once the session ends; a lease left
 by a writer that died counts only until it is older than the grace period, then gc removes it."""
 import json
@@ -20,7 +20,7 @@ def lease_path(store, session):
     return os.path.join(store.path, "leases", session.name)
 
 
-def test_a_live_session_is_held_and_live_however_old(store):
+def test_a_live_session_is_locked_and_live_however_old(store):
     with store.begin_write("ck") as session:
         path = lease_path(store, session)
         info = json.loads(open(path).read())
@@ -29,7 +29,7 @@ def test_a_live_session_is_held_and_live_however_old(store):
         assert lease.started_ns == session.started_ns  # gc's cutoff: the start of the dump
         age(path, 10 * 3600)
         (lease,) = scan_leases(store, time.time_ns(), HOUR_NS, remove_stale=True)
-        assert (lease.name, lease.held, lease.live) == (session.name, True, True)
+        assert (lease.name, lease.locked, lease.live) == (session.name, True, True)
     assert not os.path.exists(path)  # the session ended: its lease went with it
     assert scan_leases(store, time.time_ns(), HOUR_NS) == []
 
@@ -49,7 +49,7 @@ def test_a_dead_writers_lease_counts_until_it_is_older_than_grace(store):
     old = dead_writers_lease(store, "old.lease", 2 * 3600)
     found = {lease.name: lease for lease in scan_leases(store, time.time_ns(), HOUR_NS,
                                                         remove_stale=True)}
-    assert (found["young.lease"].held, found["young.lease"].live) == (False, True)
+    assert (found["young.lease"].locked, found["young.lease"].live) == (False, True)
     assert found["old.lease"].live is False
     assert os.path.exists(young) and not os.path.exists(old)
 
