@@ -124,6 +124,25 @@ def device_shares(rows, rates):
     return "\n".join(lines)
 
 
+def precheck_lines(rows):
+    """Rows that timed a full chunk check before their restore (checkpoint_bench --precheck): its
+    seconds beside the restore's, i.e. what checking first would add to "back"."""
+    lines = []
+    for r in rows:
+        pc = r.extra.get("precheck")
+        if not pc:
+            continue
+        gb = (pc.get("bytes") or 0) / 1e9
+        rate = f", {gb / pc['s']:.2f} GB/s" if gb and pc["s"] else ""
+        share = f" = +{100 * pc['s'] / r.back_s:.0f}% on back {r.back_s:.2f} s" if r.back_s else ""
+        lines.append(f"  {r.workload}/{r.path}/{r.store}: {pc['s']:.2f} s for {gb:.2f} GB "
+                     f"({pc['threads']} threads{rate}){share}" + ("" if pc.get("ok") else " (verify FAILED)"))
+    if lines:
+        lines.insert(0, "full chunk check before the restore (store verify of the dump's chunks; "
+                        "not done by restore, which hashes on the GPU as it loads):")
+    return "\n".join(lines)
+
+
 def drop_page_cache():
     """Write back and drop the page cache (a restore from a cold cache): None, or why not."""
     os.sync()

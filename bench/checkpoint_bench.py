@@ -83,6 +83,9 @@ def parse_args(argv=None):
     ap.add_argument("--s3", action="store_true", help="also an s3:// store on a loopback SeaweedFS server")
     ap.add_argument("--disk-rate-gib", type=float, default=8.0, help="bytes for the disk's own rate (scaled, min 1)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
+    ap.add_argument("--precheck", action="store_true",
+                    help="criu rows: also time `store verify` of the dump's chunks before the restore "
+                         "(what a full chunk check ahead of the restore would cost)")
     ap.add_argument("--json-out", help="write the rows and the run's figures as JSON here")
     ap.add_argument("--call-timeout", type=float, default=900, help="seconds for each tool command")
     ap.add_argument("--driver-timeout", type=float, default=300, help="seconds for each driver call")
@@ -219,14 +222,32 @@ class Bench:
         images = os.path.join(tdir if target != "s3" else self.targets[0][1], f"images-{name}")
         shutil.rmtree(images, ignore_errors=True)
         os.makedirs(images)
+        def between():
+            why = bl.drop_page_cache() if path == "criu-cold" else None
+            if why is None and self.args.precheck:
+                self.precheck(row, store, cold=path == "criu-cold")
+            return why
+
         if not bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
                              ["restore", images, "--store", store], self.env, self.args.call_timeout,
-                             between=bl.drop_page_cache if path == "criu-cold" else None):
+                             between=between):
             wl.kill()
         self.add(row)
         self.drop_store(store)
         shutil.rmtree(images, ignore_errors=True)
         return wl
+
+    def precheck(self, row, store, cold):
+        """What a full check of every chunk before the restore would cost (README: "What is checked
+        before any process changes"): `store verify` of the dump's chunks, every byte read and
+        re-hashed on the CPU, timed between dump and restore -> row.extra["precheck"]."""
+        threads = min(16, os.cpu_count() or 4)
+        res = bl.run_tool(["store", "--store", store, "verify", "--threads", threads], self.env,
+                          self.args.call_timeout)
+        row.extra["precheck"] = {"s": res.wall_s, "threads": threads, "ok": res.ok,
+                                 "bytes": (res.summary or {}).get("bytes_hashed")}
+        if cold:  # the restore after it reads from the device again, as the row says
+            bl.drop_page_cache()
 
     def close(self):
         for wl in self.live:
@@ -309,9 +330,13 @@ def _self_test(args, env):
             drv.status = "fails: restore pid 2 CUDA_ERROR_INVALID_VALUE"
         rows.append(drv)
     available = bl.tool_has("dump", env=env) and bl.tool_has("restore", env=env)
-    rows.append(Row("single", "criu", "tmpfs", rows[0].bytes,
+    rows.append(Row("single", "criu", "tmpfs", rows[0].bytes, back_s=2.0,
                     status="ok (self-test: not run)" if available
-                    else "not available: criu-gpushare has no dump/restore command"))
+                    else "not available: criu-gpushare has no dump/restore command",
+                    extra={"precheck": {"s": 0.5, "threads": 16, "ok": True, "bytes": 4_000_000_000}}))
+    pre = bl.precheck_lines(rows)
+    print(pre)
+    assert "single/criu/tmpfs: 0.50 s for 4.00 GB (16 threads, 8.00 GB/s) = +25% on back 2.00 s" in pre, pre
     missing = bl.run_tool(["no-such-command-for-selftest"], env, 120)
     assert not missing.ok and missing.rc != 0, missing
     print(bl.format_table(rows, "self-test (made-up figures)"))
@@ -358,6 +383,7 @@ def main(argv=None):
     print()
     print(bl.format_table(bench.rows, title))
     print(bl.device_shares(bench.rows, rates))
+    print(bl.precheck_lines(bench.rows))
     meta = {"scale": args.scale, "workloads": {n: specs[n][2] for n in names}, "store_rates": rates,
             "targets": dict(bench.targets), "total_s": round(total, 1), "versions": bl.versions(),
             "argv": sys.argv[1:]}
