@@ -116,13 +116,17 @@ finish() {
     kill_leftover_probes 2>&1 | tee "$OUT/cleanup.txt"
     banner "summary"
     {
-        echo "criu-gpushare GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+        echo "criu-gpushare GPU tests, $(date -u '+%Y-%m-%d %H:%M:%S UTC'), $(hostname), commit $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')$(
+            n=$(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null | wc -l); [ "$n" -gt 0 ] && echo " + $n changed file(s)")"
         echo "-- steps"
         cat "$OUT/steps.txt"
         echo "-- versions"
         grep -E '^(kernel|driver|gpu|criu-version|criu-check|python|cuda-bindings|torch):' "$OUT/versions.txt" 2>/dev/null
         echo "-- probes"
-        python3 "$REPO/tests/gpu/summarize.py" --junit "$OUT/junit.xml" --figures "$PROBE_RECORD" \
+        # a run that picked its tests (GPU_TESTS, or no "gpu" part) leaves the other rows NOT RUN
+        subset=""
+        [ -n "${GPU_TESTS:-}" ] || [[ " ${GPU_PARTS:-gpu} " != *" gpu "* ]] && subset=--subset
+        python3 "$REPO/tests/gpu/summarize.py" --junit "$OUT/junit.xml" --figures "$PROBE_RECORD" $subset \
             || FAILED=1
         echo "-- real driver: shim, suspend/resume, CRIU integration"
         cat "$OUT/real-driver-results.txt" 2>/dev/null || echo "not run"

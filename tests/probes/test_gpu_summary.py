@@ -41,14 +41,14 @@ not a probe line
 """
 
 
-def summarize(tmp_path, junit=JUNIT, figures=FIGURES):
+def summarize(tmp_path, junit=JUNIT, figures=FIGURES, *extra):
     (tmp_path / "test_x.py").write_text(TESTS)
     junit_path, figures_path = tmp_path / "junit.xml", tmp_path / "figures.txt"
     if junit is not None:
         junit_path.write_text(junit)
     figures_path.write_text(figures)
     return subprocess.run([sys.executable, str(SUMMARIZE), "--junit", str(junit_path), "--figures",
-                           str(figures_path), "--tests-dir", str(tmp_path)],
+                           str(figures_path), "--tests-dir", str(tmp_path), *extra],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -76,6 +76,17 @@ def test_all_passed_or_skipped_is_success(tmp_path):
     proc = summarize(tmp_path, junit=junit)
     assert proc.returncode == 0, proc.stdout
     assert "totals: 3 PASS, 1 SKIP" in proc.stdout
+
+
+def test_rows_not_run_fail_a_whole_run_but_not_a_chosen_subset(tmp_path):
+    junit = JUNIT.replace('<failure message="AssertionError: importer restore: CUDA_ERROR_UNKNOWN">'
+                          'trace</failure>', "")
+    assert "test_delta" not in junit
+    whole = summarize(tmp_path, junit)
+    assert whole.returncode == 1 and "NOT RUN test_delta" in whole.stdout
+    subset = summarize(tmp_path, junit, FIGURES, "--subset")
+    assert subset.returncode == 0, subset.stdout
+    assert "NOT RUN test_delta" in subset.stdout
 
 
 def test_missing_junit_still_prints_the_figures(tmp_path):
