@@ -62,17 +62,18 @@ class CriuOptions:
 
 
 def dump(images_dir: str, pid: int, options: CriuOptions,
-         on_notify: NotifyCallback | None = None) -> None:
+         on_notify: NotifyCallback | None = None, on_worker=None) -> None:
     """Dump the tree rooted at pid into images_dir, an existing directory. CRIU kills the tree
     afterwards unless options.leave_running. on_notify(action, pid) runs at each action-script
     point while CRIU waits; if it raises (at any dump action), CRIU fails the dump and lets the
-    tree run on, and the callback's exception propagates once CRIU has answered."""
+    tree run on, and the callback's exception propagates once CRIU has answered. on_worker(pid):
+    called with the `criu swrk` process's pid once it runs, before the request is sent."""
     binary, rpc = _criu_and_messages(options)
     opts = _request_options(rpc, options, "dump.log")
     opts.pid = pid
     opts.leave_running = options.leave_running
     opts.link_remap = options.link_remap
-    _request(binary, rpc, rpc.DUMP, opts, images_dir, options, on_notify, f"dump of pid {pid}")
+    _request(binary, rpc, rpc.DUMP, opts, images_dir, options, on_notify, f"dump of pid {pid}", on_worker)
 
 
 def restore(images_dir: str, options: CriuOptions,
@@ -136,7 +137,7 @@ def _request_options(rpc, options: CriuOptions, default_log: str):
         log_file=options.log_file or default_log)
 
 
-def _request(binary, rpc, req_type, opts, images_dir, options, on_notify, what):
+def _request(binary, rpc, req_type, opts, images_dir, options, on_notify, what, on_worker=None):
     """Send one request with images_dir open as its image directory; answer notifications until
     CRIU's final response, which is returned if it succeeded."""
     log_path = os.path.join(images_dir, opts.log_file)
@@ -153,6 +154,8 @@ def _request(binary, rpc, req_type, opts, images_dir, options, on_notify, what):
             config = _config_file(options.libdir, options.extra)
             opts.config_file = config
         with _Worker(binary, options.timeout_s, what, log_path) as worker:
+            if on_worker is not None:
+                on_worker(worker.pid)
             resp = worker.converse(rpc, rpc.criu_req(type=req_type, opts=opts), on_notify)
     finally:
         os.close(dir_fd)
@@ -248,6 +251,10 @@ class _Worker:
             raise CriuError(f"{what}: cannot start {binary} swrk: {e.strerror}") from None
         finally:
             theirs.close()  # else this process holds the peer open and never sees swrk die
+
+    @property
+    def pid(self):
+        return self._proc.pid
 
     def __enter__(self):
         return self

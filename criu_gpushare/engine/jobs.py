@@ -25,8 +25,8 @@ from ..criu import images, libdir, rpc
 from ..errors import Cancelled, Error, Interrupted, ProcessError
 from ..gpu.devices import parse_gpu_map
 from ..shimctl.processes import process_tree, uses_cuda
-from . import (cancel, dump, holder, journal as jn, record as image_record, restore, results, statedir,
-               suspension)
+from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
+               statedir, suspension)
 from .steps import Options
 
 
@@ -166,11 +166,14 @@ class Dump:
             self.report("interrupt: cancelling the dump at its next step (or at CRIU's post-dump), "
                         "then rolling back (Ctrl-C again interrupts the step at once)")
 
+        # Should this process die mid-dump, the watch gives the tree its GPU state back
+        # (engine/dumpwatch.py); every path below that this process controls stands it down.
+        watch = dumpwatch.DumpWatch.start(min(job.pids))
         try:
             with cancel.on_interrupt(first_interrupt):
                 criu_ok = False
                 try:
-                    rpc.dump(images_dir, pid, options, on_notify)
+                    rpc.dump(images_dir, pid, options, on_notify, on_worker=watch.criu_started)
                     criu_ok = True
                     clock.mark("criu finish")
                 finally:
@@ -182,6 +185,8 @@ class Dump:
         except KeyboardInterrupt:  # the second Ctrl-C, in CRIU's dump: CRIU was stopped, the tree let go
             raise Cancelled(f"dump of {pid} interrupted: CRIU was stopped, the tree runs on as "
                             "before") from None
+        finally:
+            watch.stand_down()
         if interrupt.requested():
             raise Interrupted(f"the interrupt came once the dump was done: {images_dir} holds it"
                               + ("" if options.leave_running else " and the tree has ended"))

@@ -72,11 +72,12 @@ def test_options_are_kept_whole_and_read_back_from_older_journals():
 
 def test_nothing_under_engine_exits_the_process():
     """Errors carry their exit codes up to the entry point (cli/__init__.py, hook/main.py), which
-    catches once: no module of the engine ends the process on its own."""
+    catches once: no module of the engine ends the process on its own. A module's own `__main__`
+    block (dumpwatch.py, a program of its own) is an entry point."""
     engine = os.path.join(os.path.dirname(jobs.__file__))
     found = []
     for name in sorted(os.listdir(engine)):
         if name.endswith(".py"):
-            text = open(os.path.join(engine, name)).read()
+            text = open(os.path.join(engine, name)).read().split('\nif __name__ == "__main__":')[0]
             found += [f"{name}: {m.group(0)}" for m in re.finditer(r"\bsys\.exit\b|\bexit\(", text)]
     assert not found, found

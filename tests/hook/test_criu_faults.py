@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 
+import psutil
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
@@ -118,10 +119,11 @@ def dump_paused(door, criu, env, pid, images, point, pause):
 
 
 @pytest.mark.parametrize("point", ["stop", "post-dump"])
-def test_the_wrapper_killed_during_the_dump_leaves_the_tree_stopped_until_resume(env, tree, tmp_path, criu, point):
-    """A dead wrapper cannot give the GPU state back: its CRIU, the answer lost, ends the dump and
-    lets the tasks go, the checkpointed ones stopped (none runs on missing memory); `status` says
-    so and `resume` brings them back from the journal, dropping the failed dump's ref."""
+def test_the_wrapper_killed_during_the_dump_gives_the_tree_back_by_itself(env, tree, tmp_path, criu, point):
+    """A dead wrapper cannot give the GPU state back itself: its CRIU, the answer lost, ends the
+    dump and lets the tasks go, the checkpointed ones stopped (none runs on missing memory); its
+    watch (engine/dumpwatch.py) then resumes them from the journal, with no one asking, and the
+    failed dump's ref is dropped."""
     parent, a, b = tree
     pause = tmp_path / "pause"
     with dump_paused("wrapper", criu, env, parent.pid, tmp_path / "images", point, pause) as (proc, _):
@@ -130,15 +132,27 @@ def test_the_wrapper_killed_during_the_dump_leaves_the_tree_stopped_until_resume
         proc.wait()
     reap([worker])  # CRIU ends (its socket closed) and, orphaned, is reaped here
     assert not alive(worker), "CRIU stays after its wrapper died"
-    assert state_of(a.pid) == "T" and state_of(b.pid) == "T" and state_of(parent.pid) != "T"
-    s = cli(env, "status", a.pid)
-    assert s.returncode == 0 and "stopped by criu-gpushare" in s.stdout, s.stdout + s.stderr
-    r = cli(env, "resume", a.pid)
-    assert r.returncode == 0 and "resuming from its journal" in r.stderr, r.stderr
+    wait_gone(env, timeout=60)
+    log = "".join(open(os.path.join(env["run"], n)).read() for n in os.listdir(env["run"])
+                  if n.startswith("dumpwatch-"))
+    assert "its command died" in log and "resuming from its journal" in log, log
     assert_back(env, a, b)
     assert refs(tmp_path) == []
     assert_store_consistent(env, tmp_path)
     assert_dumps_again("wrapper", criu, env, tree, tmp_path)
+
+
+def test_a_wrapper_that_ends_on_its_own_stands_its_watch_down(env, tree, tmp_path, criu):
+    """The watch acts only when the wrapper dies: a dump that ends by itself leaves no watch
+    running and nothing in its log."""
+    parent, a, b = tree
+    r = door_dump("wrapper", criu, env, parent.pid, tmp_path / "images")
+    assert r.returncode == 0, r.text[-3000:]
+    parent.wait(10)
+    logs = [n for n in os.listdir(env["run"]) if n.startswith("dumpwatch-")]
+    assert logs and all(os.path.getsize(os.path.join(env["run"], n)) == 0 for n in logs), logs
+    assert not [p for p in psutil.process_iter(["cmdline"])
+                if "criu_gpushare.engine.dumpwatch" in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.mark.parametrize("door", DOORS)

@@ -1,0 +1,118 @@
+"""The stand-in of `criu-gpushare dump` should that command die mid-dump (SIGKILL, OOM).
+
+The command makes the GPU side of the dump in its own process (CRIU's RPC notifications arrive
+there), so once it has checkpointed the tree's GPU state only it would give that state back. If it
+dies, its CRIU, the answer lost, fails the dump and lets the tasks go: the processes with GPU state
+stay stopped (they never run on missing memory) and the journal says how to bring them back. This
+watch, a process of its own session started before anything touches CUDA, does that without anyone:
+it waits for the command to end; if the command did not stand it down first, it waits for the CRIU
+process to end too (no driver call can reach a task CRIU still holds), then runs `criu-gpushare
+resume` on the tree when a journal still holds it, exactly as a user would.
+
+Wire: the command writes "criu PID" once CRIU runs, "done" when it ends by any path it controls
+(success, error, Ctrl-C: it has then settled the tree itself), one line each, on the watch's stdin.
+End of file without "done" means the command died. Its log: dumpwatch-KEY.log in the state directory.
+"""
+import os
+import select
+import signal
+import subprocess
+import sys
+
+from .statedir import path_of
+
+CRIU_EXIT_WAIT_S = 600  # CRIU without its RPC peer fails at its next notification; a large dump's
+# memory pass may come first. Past this, resume runs anyway and says what holds the tasks.
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def log_path(key):
+    return path_of(f"dumpwatch-{key}.log")
+
+
+class DumpWatch:
+    """The command's side: start() before the dump, criu_started(pid) once CRIU runs,
+    stand_down() at the end of every path the command controls."""
+
+    def __init__(self, proc, fd):
+        self._proc, self._fd = proc, fd
+
+    @classmethod
+    def start(cls, key):
+        read_end, write_end = os.pipe()
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        try:
+            with open(log_path(key), "ab") as log:
+                proc = subprocess.Popen([sys.executable, "-m", __name__, str(key)], stdin=read_end,
+                                        stdout=log, stderr=log, env=env, start_new_session=True)
+        finally:
+            os.close(read_end)
+        return cls(proc, write_end)
+
+    def _say(self, line):
+        try:
+            os.write(self._fd, line.encode() + b"\n")
+        except OSError:
+            pass  # the watch is gone: nothing to tell
+
+    def criu_started(self, pid):
+        self._say(f"criu {pid}")
+
+    def stand_down(self):
+        if self._fd is None:
+            return
+        self._say("done")
+        os.close(self._fd)
+        self._fd = None
+        try:
+            self._proc.wait(5)  # it exits at once on "done"
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _wait_for_command():
+    """-> (whether the command stood down, CRIU's pidfd or None)."""
+    criu_fd, buf = None, b""
+    while True:
+        data = os.read(0, 4096)
+        if not data:
+            return False, criu_fd
+        buf += data
+        while b"\n" in buf:
+            line, buf = buf.split(b"\n", 1)
+            if line == b"done":
+                return True, criu_fd
+            if line.startswith(b"criu "):
+                try:
+                    criu_fd = os.pidfd_open(int(line.split()[1]))
+                except (ProcessLookupError, ValueError):
+                    criu_fd = None  # already gone: nothing to wait for
+
+
+def main(argv):
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_IGN)
+    key = int(argv[1])
+    stood_down, criu_fd = _wait_for_command()
+    if stood_down:
+        return 0
+    print(f"dump of the tree of {key}: its command died before it gave the GPU state back",
+          flush=True)
+    if criu_fd is not None and not select.select([criu_fd], [], [], CRIU_EXIT_WAIT_S)[0]:
+        print(f"CRIU still runs after {CRIU_EXIT_WAIT_S} s; resuming anyway", flush=True)
+    from . import journal
+    try:
+        held = journal.owner_of(key) is not None
+    except Exception as e:  # a state file it cannot read: resume names it
+        print(f"its journal: {e}", flush=True)
+        held = True
+    if not held:
+        print("no journal holds it: nothing to give back", flush=True)
+        return 0
+    print(f"running: criu-gpushare resume {key}", flush=True)
+    os.execv(sys.executable, [sys.executable, "-m", "criu_gpushare.cli", "resume", str(key)])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
