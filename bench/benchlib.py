@@ -494,6 +494,60 @@ def driver_cycle(driver, row, wl, timeout_s):
     return True
 
 
+def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
+    """The driver's path through plain CRIU, as it runs without this tool: lock + checkpoint (the
+    GPU memory into the process's host memory), then `criu dump` (CRIU kills the process; its image
+    holds that memory too); back: `criu restore`, then restore + unlock. Each stage timed into the
+    row's phases; row.extra["image_bytes"]. False when a stage failed (the caller kills the
+    workload). criu: the criu_gpushare.criu.rpc module (a test gives a stand-in)."""
+    if criu is None:
+        from criu_gpushare.criu import rpc as criu
+    from criu_gpushare.criu.libdir import plugin_dir_without_cuda
+
+    def driver_calls(ops, phases):
+        for op in ops:
+            secs, res = driver.call(op, wl.pids, timeout_s)
+            phases[op] = secs
+            bad = {p: r for p, r in res.items() if r != "CUDA_SUCCESS"}
+            if bad:
+                row.status = "fails: " + ", ".join(f"{op} pid {p} {r}" for p, r in bad.items())
+                return False
+        return True
+
+    def criu_call(what, phases, call):
+        t0 = time.monotonic()
+        try:
+            result = call()
+        except criu.CriuError as e:
+            row.status = f"fails: criu {what}: {e}"[:300]
+            return False, None
+        phases[f"criu {what}"] = round(time.monotonic() - t0, 3)
+        return True, result
+
+    if not driver_calls(("lock", "checkpoint"), row.out_phases):
+        return False
+    plugins = plugin_dir_without_cuda()  # CRIU's own CUDA plugin would redo the driver's work
+    try:
+        options = criu.CriuOptions(libdir=plugins, link_remap=True, timeout_s=timeout_s)
+        ok, _ = criu_call("dump", row.out_phases, lambda: criu.dump(images, wl.pids[0], options))
+        if not ok:
+            return False
+        row.out_s = round(sum(row.out_phases.values()), 3)
+        row.extra["image_bytes"] = sum(e.stat().st_size for e in os.scandir(images) if e.is_file())
+        wl.reap()  # CRIU ended the process: its pid must be free for the restore
+        ok, _ = criu_call("restore", row.back_phases, lambda: criu.restore(images, options))
+        if not ok:
+            return False
+    finally:
+        if plugins:
+            shutil.rmtree(plugins, ignore_errors=True)
+    if not driver_calls(("restore", "unlock"), row.back_phases):
+        return False
+    row.back_s = round(sum(row.back_phases.values()), 3)
+    row.check = wl.verify()
+    return True
+
+
 # ----------------------------------------------------------------------------------------- disk rate
 
 def disk_rate(directory, size, chunk=64 << 20):

@@ -195,6 +195,7 @@ class Bench:
             if self.driver.hung:
                 raise RuntimeError("a driver call did not return: stopping (no further driver calls)")
             if a.criu:
+                wl = self.driver_criu_row(wl, name, spec, driver_ok=row.status == "ok")
                 for target, tdir in self.targets:
                     wl = self.criu_row(wl, name, spec, target, tdir, "criu")
                     if target == "disk":  # the restore reading the store from the device, not memory
@@ -204,6 +205,28 @@ class Bench:
         finally:
             if wl is not None:
                 wl.kill()
+
+    def driver_criu_row(self, wl, name, spec, driver_ok):
+        """The driver's own path through plain CRIU (image on tmpfs), beside ours. -> workload."""
+        row = Row(name, "drv+criu", "tmpfs", wl.bytes)
+        if not driver_ok:
+            row.status = "not run: the driver alone could not bring this workload back (its row)"
+            self.add(row)
+            return wl
+        wl = self.ensure(wl, name, spec)
+        row.bytes = wl.bytes
+        images = os.path.join(self.targets[0][1], f"images-{name}-driver")
+        shutil.rmtree(images, ignore_errors=True)
+        os.makedirs(images)
+        try:
+            if not bl.driver_criu_cycle(self.driver, row, wl, images, self.args.driver_timeout):
+                wl.kill()
+        finally:
+            shutil.rmtree(images, ignore_errors=True)
+        self.add(row)
+        if self.driver.hung:
+            raise RuntimeError("a driver call did not return: stopping (no further driver calls)")
+        return wl
 
     def criu_row(self, wl, name, spec, target, tdir, path):
         """dump then restore through CRIU; criu-cold drops the page cache in between. -> workload."""

@@ -9,6 +9,8 @@ a suspend or dump, UNDO_WAIT_S for each step of a resume or rollback.
 import os
 import time
 
+from .procfs import thread_state
+
 UNDO_WAIT_S = 60.0      # a resume or rollback step's waits on the group (there is no --timeout there)
 DRIVER_MOVE_S = 600.0   # a driver checkpoint or restore call: it moves the GPU memory of a process
                         # without the shim itself, at the driver's rate (about 2 GB/s out)
@@ -28,16 +30,6 @@ class Deadline:
 
     def passed(self):
         return time.monotonic() >= self.end
-
-
-def thread_state(pid, tid):
-    """The state letter of thread tid of pid (/proc/PID/task/TID/stat: R, S, T, t, Z, ...), or None
-    when it is gone."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _states(pid):

@@ -6,7 +6,7 @@ import os
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "criu_gpushare")
 # From the top: a package may import any package of a lower rank, never one of its own or higher.
 RANK = {"cli": 5, "hook": 5, "engine": 4, "criu": 3, "gpu": 2, "shimctl": 2, "store": 1,
-        "config": 0, "errors": 0, "waits": 0, "": 0}
+        "config": 0, "errors": 0, "waits": 0, "procfs": 0, "": 0}
 
 
 def _modules():

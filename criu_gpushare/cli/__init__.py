@@ -1,4 +1,6 @@
-"""The `criu-gpushare` command line: one module per command, registered here.
+"""The `criu-gpushare` command line: a module per family of commands (checkpoint.py: dump and
+restore; suspend.py: suspend and resume; ...), listed in COMMANDS below and imported only when one
+of its commands runs.
 
 Errors from the package (criu_gpushare.errors.Error) become one line on stderr and their exit code;
 anything else is a bug and keeps its traceback. A Ctrl-C that no command turned into its own error

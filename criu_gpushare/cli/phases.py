@@ -9,6 +9,8 @@ what is left of that stretch (starting or asking it, its reply) one more.
 import os
 import time
 
+from ..procfs import state_and_start
+
 
 class PhaseClock:
     def __init__(self):
@@ -16,8 +18,7 @@ class PhaseClock:
         # The interpreter's start and the imports, before this clock existed, are the first phase:
         # the process's start time (clock ticks since boot) against the boot clock, read now.
         try:
-            with open("/proc/self/stat") as f:
-                ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+            ticks = state_and_start("self")[1]
             started = max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
         except (OSError, ValueError, IndexError):  # timing only: never fail a command over it
             started = 0.0

@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from .. import waits
+from .. import procfs
 from ..errors import Error
 
 FAULT_ENV = "CRIU_GPUSHARE_FAULT"
@@ -52,6 +52,6 @@ def _wait_dead(pid, timeout_s=10):
     is seen only once it has."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if waits.thread_state(pid, pid) in (None, "Z", "X"):
+        if procfs.thread_state(pid, pid) in (None, "Z", "X"):
             return
         time.sleep(0.005)

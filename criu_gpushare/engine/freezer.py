@@ -26,7 +26,7 @@ import os
 import signal
 import time
 
-from .. import waits
+from .. import procfs, waits
 from ..errors import ProcessError, ProcessNoAnswer
 from ..shimctl.client import ns_pid
 
@@ -77,7 +77,7 @@ def tid_of_ns_tid(pid, nstid):
 def group_stopped(pid):
     """Every thread of pid is in a group stop (SIGSTOP), none traced or running."""
     try:
-        return all(waits.thread_state(pid, t) in ("T", None) for t in thread_ids(pid))
+        return all(procfs.thread_state(pid, t) in ("T", None) for t in thread_ids(pid))
     except ProcessError:
         return False
 
@@ -140,7 +140,7 @@ class Freezer:
             if got == 0:  # not stopped yet: a thread inside a system call stops on its way out
                 if deadline.passed():
                     raise ProcessNoAnswer(pid, f"thread {tid} did not stop within "
-                                          f"{deadline.seconds:g} s (state {waits.thread_state(pid, tid)}: "
+                                          f"{deadline.seconds:g} s (state {procfs.thread_state(pid, tid)}: "
                                           "held in the kernel, e.g. a driver call that does not return)")
                 time.sleep(delay)
                 delay = min(delay * 2, 0.005)

@@ -12,6 +12,7 @@ import stat
 
 from ..config import state_dir_path
 from ..errors import Error, StateFileError
+from ..procfs import state_and_start
 
 
 def state_dir():
@@ -119,14 +120,10 @@ def _sync_dir():
 def start_time(pid):
     """The process's start time (clock ticks since boot, /proc/PID/stat field 22), or None when it
     is gone: a pid and its start time name one process, even after the pid is reused."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    if fields[0] in ("Z", "X"):
+    stat = state_and_start(pid)
+    if stat is None or stat[0] in ("Z", "X"):
         return None  # a zombie has no GPU state and will never answer
-    return int(fields[19])
+    return stat[1]
 
 
 def same_process(pid, started):

@@ -20,6 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from ..errors import StoreError
+from ..procfs import state_and_start
 from . import fsutil
 from .layout import HOLD_SUFFIX, HOLDS_DIR, is_chunk_id, is_ref_name, is_temp_name
 
@@ -114,17 +115,6 @@ def pid_namespace():
         return os.readlink("/proc/self/ns/pid")
     except OSError:
         return ""
-
-
-def proc_stat(pid):
-    """(state letter, start time in clock ticks: /proc/PID/stat fields 3 and 22), or None."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    rest = data[data.rindex(b")") + 2:].split()  # the command name may hold spaces and ')'
-    return rest[0].decode(), int(rest[19])
 
 
 def _host_name():
@@ -246,7 +236,7 @@ def _judge(doc, host, pid, start, here):
         return False, "stale: the host rebooted since"
     if doc.get("pid_ns") != my_ns:
         return True, "in another pid namespace: cannot tell, counted as live"
-    st = proc_stat(pid)
+    st = state_and_start(pid)
     if st is None:
         return False, f"stale: pid {pid} is gone"
     state, now_start = st
@@ -283,7 +273,7 @@ def new_hold(store, ref, kind, pid, dir_path, meta=None):
     if kind not in KINDS:
         raise ValueError(f"hold kind {kind!r}: one of {', '.join(KINDS)}")
     pid = os.getpid() if pid is None else int(pid)
-    st = proc_stat(pid)
+    st = state_and_start(pid)
     if st is None:
         raise StoreError(f"{dir_path}: cannot hold for pid {pid}: no such process")
     host = _host_name()

@@ -114,3 +114,60 @@ def test_workload_file_protocol_end_to_end(tmp_path):
         assert wl.verify(5).startswith("WRONG (")
     finally:
         wl.kill()
+
+
+class _StandIns:
+    """A driver, CRIU's RPC module and a workload that record what the bench asks of them."""
+
+    class CriuError(Exception):
+        pass
+
+    def __init__(self, fail=None):
+        self.calls, self.fail = [], fail
+        self.pids = [4242]
+
+    def CriuOptions(self, **kw):  # noqa: N802 (stands in for rpc.CriuOptions)
+        return kw
+
+    def call(self, op, pids, timeout_s):
+        self.calls.append(f"driver {op}")
+        return 0.25, {p: ("CUDA_ERROR_UNKNOWN" if self.fail == op else "CUDA_SUCCESS") for p in pids}
+
+    def dump(self, images, pid, options):
+        self.calls.append("criu dump")
+        assert options["link_remap"] and pid == 4242
+        if self.fail == "criu dump":
+            raise self.CriuError("dump of pid 4242 failed")
+        Path(images, "pages-1.img").write_bytes(b"x" * 1000)
+
+    def restore(self, images, options):
+        self.calls.append("criu restore")
+        return 4242
+
+    def reap(self):
+        self.calls.append("reap")
+
+    def verify(self):
+        return "ok"
+
+
+def test_the_driver_path_through_plain_criu_times_each_stage(tmp_path):
+    s = _StandIns()
+    row = bl.Row("single", "drv+criu", "tmpfs", 10 ** 9)
+    assert bl.driver_criu_cycle(s, row, s, str(tmp_path), 60, criu=s)
+    assert s.calls == ["driver lock", "driver checkpoint", "criu dump", "reap", "criu restore",
+                       "driver restore", "driver unlock"]
+    assert list(row.out_phases) == ["lock", "checkpoint", "criu dump"]
+    assert list(row.back_phases) == ["criu restore", "restore", "unlock"]
+    assert row.out_s == round(sum(row.out_phases.values()), 3) and row.back_s == round(sum(row.back_phases.values()), 3)
+    assert row.extra["image_bytes"] == 1000 and row.check == "ok" and row.status == "ok"
+
+
+@pytest.mark.parametrize("fail", ["checkpoint", "criu dump", "restore"])
+def test_the_driver_path_through_plain_criu_names_the_stage_that_failed(tmp_path, fail):
+    s = _StandIns(fail)
+    row = bl.Row("single", "drv+criu", "tmpfs", 10 ** 9)
+    assert not bl.driver_criu_cycle(s, row, s, str(tmp_path), 60, criu=s)
+    assert row.status.startswith("fails: ") and fail.split()[-1] in row.status, row.status
+    assert "criu restore" not in s.calls or fail == "restore"
+    assert row.check == "-"

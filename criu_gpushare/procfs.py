@@ -1,0 +1,32 @@
+"""The one reader of /proc/PID/stat: a process's (or thread's) state letter and start time.
+
+Field numbers are stat(5)'s. The command name (field 2) may hold spaces and ')', so the fields are
+split after its last ')'.
+"""
+
+
+def _fields(path):
+    """stat's fields from field 3 (the state) on, or None when the process is gone."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return data[data.rindex(b")") + 2:].split()
+
+
+def state_and_start(pid):
+    """(state letter, start time in clock ticks since boot: fields 3 and 22) of pid ("self" for this
+    process), or None when it is gone. A pid and its start time name one process, even after the
+    pid is reused."""
+    fields = _fields(f"/proc/{pid}/stat")
+    return None if fields is None else (fields[0].decode(), int(fields[19]))
+
+
+def thread_state(pid, tid):
+    """The state letter of thread tid of pid (R, S, T, t, Z, ...), or None when it is gone."""
+    try:
+        fields = _fields(f"/proc/{pid}/task/{tid}/stat")
+    except OSError:
+        return None
+    return fields[0].decode() if fields else None
