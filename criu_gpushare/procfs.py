@@ -3,6 +3,8 @@
 Field numbers are stat(5)'s. The command name (field 2) may hold spaces and ')', so the fields are
 split after its last ')'.
 """
+import os
+import time
 
 
 def _fields(path):
@@ -21,6 +23,18 @@ def state_and_start(pid):
     pid is reused."""
     fields = _fields(f"/proc/{pid}/stat")
     return None if fields is None else (fields[0].decode(), int(fields[19]))
+
+
+def seconds_since_start(pid="self"):
+    """How long pid has run (the boot clock less its start time), within a clock tick; None when it
+    is gone or unreadable. For this process: the interpreter's start and imports so far."""
+    try:
+        stat = state_and_start(pid)
+        if stat is None:
+            return None
+        return max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - stat[1] / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def thread_state(pid, tid):

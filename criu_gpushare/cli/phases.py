@@ -6,22 +6,17 @@ start. CRIU's own account of its part (stats-dump / stats-restore) comes beside 
 Work done in another process (the holder's steps) is absorbed: its own timings become phases, and
 what is left of that stretch (starting or asking it, its reply) one more.
 """
-import os
 import time
 
-from ..procfs import state_and_start
+from ..procfs import seconds_since_start
 
 
 class PhaseClock:
     def __init__(self):
         self.start = self._last = time.monotonic()
-        # The interpreter's start and the imports, before this clock existed, are the first phase:
-        # the process's start time (clock ticks since boot) against the boot clock, read now.
-        try:
-            ticks = state_and_start("self")[1]
-            started = max(0.0, time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK"))
-        except (OSError, ValueError, IndexError):  # timing only: never fail a command over it
-            started = 0.0
+        # The interpreter's start and the imports, before this clock existed, are the first phase
+        # (timing only: never fail a command over it).
+        started = seconds_since_start() or 0.0
         self.start -= started
         self.phases = {"tool start": started}
 

@@ -229,7 +229,9 @@ class _CriuDumpWork(holder.Work):
         self.job.set_report(report)
         if not self.job.begin():
             return {"gpu_state": False}, False
-        return {"gpu_state": True, "ref": self.job.ref}, True
+        group = self.job.group
+        return {"gpu_state": True, "ref": self.job.ref,
+                "phases": {k: round(v, 3) for k, v in results.phases(group.times, group.parts).items()}}, True
 
     def watched_fd(self):
         return self.criu_fd

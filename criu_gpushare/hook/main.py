@@ -12,9 +12,11 @@ closed the image directory by post-resume).
 """
 import os
 import sys
+import time
 
 from ..engine import dump as dump_engine, jobs, statedir
 from ..errors import EXIT_BUG, Error, Failed, ProcessError
+from ..procfs import seconds_since_start
 from ..shimctl.processes import v1_freezer_cgroup
 
 PREFIX = "criu-gpushare-hook"
@@ -49,6 +51,10 @@ def _outcome(final, consequence):
         raise Failed(f"{final['message']} ({consequence})", final["exit_code"])
 
 
+def _phases(phases):
+    return " ".join(f"{k} {v:.2f}" for k, v in phases.items() if k != "total")
+
+
 # -- dump ------------------------------------------------------------------------------------
 
 
@@ -73,8 +79,11 @@ def pre_dump(action):
         return 0  # nothing of ours in this tree
     _refuse_v1_freezer(pids)
     job = jobs.Dump(root, _images_dir(), jobs.load_settings(), report=lambda m: None)
-    _outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
-             "CRIU aborts the dump; the tasks keep running")
+    final = job.start_holder(_criu_pid(), report=lambda m: _say(action, m))
+    _outcome(final, "CRIU aborts the dump; the tasks keep running")
+    phases = (final or {}).get("result", {}).get("phases")
+    if phases:
+        _say(action, f"GPU state of {len(job.job.pids)} process(es) out: {_phases(phases)}")
     return 0
 
 
@@ -128,7 +137,7 @@ def post_resume(action):
         raise Failed(f"FAILED: GPU state NOT restored (the restore of pid {root}'s tree is not "
                      f"complete, whatever CRIU reports): {e}. `criu-gpushare status {root}` shows "
                      f"it; fix the cause, then `criu-gpushare resume {root}`", e.exit_code) from e
-    _say(action, f"GPU state of {len(summary['pids'])} process(es) is back")
+    _say(action, f"GPU state of {len(summary['pids'])} process(es) is back: {_phases(summary['phases'])}")
     return 0
 
 
@@ -147,6 +156,7 @@ def main():
     run = ACTIONS.get(action)
     if run is None:
         return 0
+    start, t0 = seconds_since_start() or 0.0, time.monotonic()
     try:
         return run(action)
     except Error as e:
@@ -157,6 +167,9 @@ def main():
         traceback.print_exc()
         _say(action, f"internal error: {e!r}")
         return EXIT_BUG
+    finally:
+        # Where a hooked CRIU run's time goes: each action's own share, CRIU's in its stats files.
+        _say(action, f"took {start + time.monotonic() - t0:.3f} s (program start {start:.3f} s)")
 
 
 if __name__ == "__main__":

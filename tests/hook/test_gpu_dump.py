@@ -5,6 +5,7 @@ each way back, the image free of GPU bytes and /dev/nvidia* files. On the fake d
 CRIU_GPUSHARE_TEST_DRIVER=real on a GPU (scripts/gpu-tests.sh)."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -66,6 +67,14 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
     assert r.returncode == 0, (images / "restore.log").read_text()[-4000:]
     a.wait_ready()
     assert_back(env, a, b)
+    # where the time went, in CRIU's logs: each action's own share, the GPU steps of both ends
+    dumped, restored = (images / "dump.log").read_text(), (images / "restore.log").read_text()
+    for log, actions in ((dumped, ("pre-dump", "post-dump")),
+                         (restored, ("pre-restore", "post-restore", "post-resume"))):
+        for action in actions:
+            assert re.search(rf"criu-gpushare-hook: {action}: took \d+\.\d+ s \(program start", log), action
+    assert re.search(r"pre-dump: GPU state of 3 process\(es\) out: .*save \d", dumped), dumped[-3000:]
+    assert re.search(r"post-resume: GPU state of 3 process\(es\) is back: .*load \d", restored)
 
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
