@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -544,6 +545,56 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
     if not driver_calls(("restore", "unlock"), row.back_phases):
         return False
     row.back_s = round(sum(row.back_phases.values()), 3)
+    row.check = wl.verify()
+    return True
+
+
+_HOOK_TOOK = re.compile(r"criu-gpushare-hook: ([a-z-]+): took (\d+(?:\.\d+)?) s")
+
+
+def hook_phases(log_text, wall_s):
+    """Where a hooked `criu dump` or `criu restore` spent wall_s: each hook action's own time (its
+    "took" line in CRIU's log) and what is left, CRIU's own work ("criu")."""
+    phases = {}
+    for action, secs in _HOOK_TOOK.findall(log_text):
+        phases[f"hook {action}"] = round(phases.get(f"hook {action}", 0.0) + float(secs), 3)
+    phases["criu"] = round(max(0.0, wall_s - sum(phases.values())), 3)
+    return phases
+
+
+def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
+    """`criu dump` then `criu restore -d` with the hook as action script (the node-wide way, and
+    runc's), timed from outside; fills row. False when it failed (the caller kills the workload),
+    None when CRIU or the hook is not installed (the workload untouched)."""
+    hook = hook or shutil.which("criu-gpushare-hook")
+    if hook is None or shutil.which(criu) is None:
+        row.status = f"not available: {'criu-gpushare-hook' if hook is None else criu} not on PATH"
+        return None
+    for way, argv, log in (
+            ("out", ["dump", "-t", str(wl.pids[0]), "--link-remap"], "dump.log"),
+            ("back", ["restore", "-d"], "restore.log")):
+        cmd = [criu, *argv, "-D", images, "--action-script", hook, "-o", log]
+        t0 = time.monotonic()
+        try:
+            r = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                               timeout=timeout)
+            rc = r.returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+        wall = round(time.monotonic() - t0, 3)
+        try:
+            with open(os.path.join(images, log), errors="replace") as f:
+                text = f.read()
+        except OSError:
+            text = ""
+        if rc != 0:
+            said = [ln for ln in text.splitlines() if "criu-gpushare-hook" in ln or "Error" in ln][-2:]
+            row.status = f"fails: criu {argv[0]} exit {rc}: {' | '.join(said)}"[:300]
+            return False
+        setattr(row, f"{way}_s", wall)
+        setattr(row, f"{way}_phases", hook_phases(text, wall))
+        if way == "out":
+            wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     row.check = wl.verify()
     return True
 

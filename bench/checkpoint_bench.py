@@ -198,6 +198,8 @@ class Bench:
                 wl = self.driver_criu_row(wl, name, spec, driver_ok=row.status == "ok")
                 for target, tdir in self.targets:
                     wl = self.criu_row(wl, name, spec, target, tdir, "criu")
+                    if target == "tmpfs":  # the same through CRIU's own command and the hook
+                        wl = self.hook_row(wl, name, spec, tdir)
                     if target == "disk":  # the restore reading the store from the device, not memory
                         wl = self.criu_row(wl, name, spec, target, tdir, "criu-cold")
         except bl.WorkloadError as e:
@@ -226,6 +228,24 @@ class Bench:
         self.add(row)
         if self.driver.hung:
             raise RuntimeError("a driver call did not return: stopping (no further driver calls)")
+        return wl
+
+    def hook_row(self, wl, name, spec, tdir):
+        """`criu dump` / `criu restore` with criu-gpushare-hook, store on tmpfs. -> workload."""
+        wl = self.ensure(wl, name, spec)
+        row = Row(name, "criu-hook", "tmpfs", wl.bytes)
+        store = self.fresh_store(tdir, f"store-{name}")
+        images = os.path.join(tdir, f"images-{name}-hook")
+        shutil.rmtree(images, ignore_errors=True)
+        os.makedirs(images)
+        env = dict(self.env, CRIU_GPUSHARE_STORE=store)
+        try:
+            if bl.hook_cycle(row, wl, images, env, self.args.call_timeout) is False:
+                wl.kill()
+        finally:
+            self.add(row)
+            self.drop_store(store)
+            shutil.rmtree(images, ignore_errors=True)
         return wl
 
     def criu_row(self, wl, name, spec, target, tdir, path):

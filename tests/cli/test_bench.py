@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,63 @@ def test_the_driver_path_through_plain_criu_names_the_stage_that_failed(tmp_path
     assert row.status.startswith("fails: ") and fail.split()[-1] in row.status, row.status
     assert "criu restore" not in s.calls or fail == "restore"
     assert row.check == "-"
+
+
+def test_hook_phases_split_a_hooked_criu_run_into_the_hooks_share_and_criu_s():
+    log = ("(00.01) pre-dump\ncriu-gpushare-hook: pre-dump: took 0.265 s (program start 0.115 s)\n"
+           "criu-gpushare-hook: post-dump: took 0.165 s (program start 0.112 s)\n"
+           "criu-gpushare-hook: post-dump: took 0.010 s (program start 0.010 s)\n")
+    phases = bl.hook_phases(log, 1.0)
+    assert phases == {"hook pre-dump": 0.265, "hook post-dump": 0.175, "criu": 0.56}
+
+
+class _PlainWorkload:
+    """A process without CUDA, as bench workloads are driven: pids, reap, verify."""
+
+    def __init__(self, tmp_path):
+        ready = tmp_path / "ready"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", f"open({str(ready)!r}, 'w').close()\nimport time\nwhile True: time.sleep(0.1)"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True)
+        for _ in range(200):
+            if ready.exists():
+                break
+            time.sleep(0.05)
+        self.pids = [self.proc.pid]
+
+    def reap(self):
+        self.proc.wait(10)
+
+    def verify(self):
+        return "ok" if os.path.exists(f"/proc/{self.pids[0]}") else "WRONG (gone)"
+
+    def kill(self):
+        try:
+            os.kill(self.pids[0], 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_hook_cycle_dumps_and_restores_through_criu_and_the_hook(criu, tmp_path):
+    """The bench's criu-hook path, on this machine's CRIU with a process the hook leaves alone: the
+    commands it runs work, each way is timed and split into the hook's actions and CRIU's rest."""
+    import shutil as sh
+    if sh.which("criu-gpushare-hook") is None:
+        pytest.skip("criu-gpushare-hook is not on PATH (package not installed)")
+    wl = _PlainWorkload(tmp_path)
+    images = tmp_path / "images"
+    images.mkdir()
+    row = bl.Row("plain", "criu-hook", "tmpfs", 0)
+    try:
+        env = dict(os.environ, CRIU_GPUSHARE_RUN_DIR=str(tmp_path / "run"),
+                   CRIU_GPUSHARE_STORE=str(tmp_path / "store"))
+        ok = bl.hook_cycle(row, wl, str(images), env, 120)
+        assert ok, row.status
+        assert row.check == "ok" and row.out_s > 0 and row.back_s > 0
+        for phases, action in ((row.out_phases, "hook pre-dump"), (row.back_phases, "hook pre-restore")):
+            assert action in phases and "criu" in phases, phases
+            assert abs(sum(phases.values()) - (row.out_s if phases is row.out_phases else row.back_s)) < 0.01
+    finally:
+        wl.kill()
+        bl.reap_children()
