@@ -144,6 +144,23 @@ def precheck_lines(rows):
     return "\n".join(lines)
 
 
+def image_lines(rows):
+    """CRIU's image size of each row that has one, against the driver + plain CRIU row's of the same
+    workload (whose image holds the GPU memory itself)."""
+    drivers = {r.workload: r.extra.get("image_bytes") for r in rows if r.path == "drv+criu"}
+    lines = []
+    for r in rows:
+        size = r.extra.get("image_bytes")
+        if size is None:
+            continue
+        theirs = drivers.get(r.workload)
+        ratio = f" = 1/{theirs / size:.0f} of drv+criu's" if theirs and size and r.path != "drv+criu" else ""
+        lines.append(f"  {r.workload}/{r.path}/{r.store}: {size / 2**20:.1f} MiB{ratio}")
+    if lines:
+        lines.insert(0, "CRIU image sizes:")
+    return "\n".join(lines)
+
+
 def drop_page_cache():
     """Write back and drop the page cache (a restore from a cold cache): None, or why not."""
     os.sync()
@@ -261,6 +278,7 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout, between=None):
         row.status, row.out_s = f"fails: {out_args[0]} {out.why()}", None
         return False
     if out_args[0] == "dump":
+        row.extra["image_bytes"] = (out.summary or {}).get("image_bytes")
         wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     why = between() if between else None
     if why:
@@ -594,6 +612,7 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
         setattr(row, f"{way}_s", wall)
         setattr(row, f"{way}_phases", hook_phases(text, wall))
         if way == "out":
+            row.extra["image_bytes"] = sum(e.stat().st_size for e in os.scandir(images) if e.is_file())
             wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     row.check = wl.verify()
     return True
