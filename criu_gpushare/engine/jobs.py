@@ -272,8 +272,10 @@ class Restore:
     def check(self):
         """Before CRIU restores anything: the image, the store, the GPUs (engine/restore.py);
         -> whether there is GPU state to bring back."""
+        self.headroom = {}
         self.record, self.manifest = restore.check(self.images_dir, self.store, self.settings.gpu_map,
-                                                   lambda: images.maps_libcuda(self.images_dir))
+                                                   lambda: images.maps_libcuda(self.images_dir),
+                                                   headroom=self.headroom)
         return self.record is not None
 
     def read_record(self):
@@ -304,6 +306,8 @@ class Restore:
             raise Cancelled(f"restore of {images_dir} interrupted before CRIU began: nothing was "
                             "restored") from None
         options, plugins = _criu_options(criu)
+        ring_ahead = self.record is not None and restore.pin_ring_ahead(  # while CRIU restores
+            self.headroom, sum(u["size"] for u in self.record["group"]["units"]))
         clock.mark("check (image, store, GPUs)")
         # Once CRIU restores, nothing takes it back: an interrupt says so and the restore goes on.
         with cancel.on_interrupt(lambda: self.report(cancel.GOES_ON.format("restore"))):
@@ -314,7 +318,7 @@ class Restore:
                 if plugins:
                     shutil.rmtree(plugins, ignore_errors=True)
             summary = {"state": "restored", "pid": root, "pids": [], "seconds": {},
-                       "gpu_state": self.record is not None}
+                       "gpu_state": self.record is not None, "ring_pinned_ahead": ring_ahead}
             if self.record is not None:
                 summary.update(self.run(root))
                 summary["pid"] = root

@@ -12,6 +12,8 @@
 """
 from ..errors import ImageError
 from ..gpu import driver as drv
+from ..gpu.copy_engine import CHUNK_SIZE, ring_size
+from ..gpu.memory import pin_ahead
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree
 from ..store.backend import open_store
@@ -20,10 +22,11 @@ from .steps import Group, check_readable
 from .suspension import resume_group
 
 
-def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
+def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None, headroom=None):
     """(the image's record, its manifest) when it has GPU state to bring back, else (None, None);
     ImageError/StoreError saying what is wrong. has_libcuda() tells whether an image without a
-    record needs one."""
+    record needs one. headroom: a dict to fill with {GPU ordinal here: its free bytes less what
+    comes back to it} (pin_ring_ahead decides by it)."""
     try:
         rec = record.read(images_dir)
     except record.RecordMissing:
@@ -36,11 +39,14 @@ def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None):
     with open_store(store_path) as store:
         manifest = store.read_manifest(store.read_ref(rec["ref"]).manifest)
         check_readable(store, manifest, rec["ref"], "nothing was restored")
-    _check_gpus(images_dir, rec, gpu_map or {})
+    room = _check_gpus(images_dir, rec, gpu_map or {})
+    if headroom is not None:
+        headroom.update(room)
     return rec, manifest
 
 
 def _check_gpus(images_dir, rec, gpu_map):
+    """Every GPU the group used is here, of its model, with room; -> {ordinal: free bytes to spare}."""
     here = {g["uuid"]: (i, g) for i, g in enumerate(drv.gpu_inventory())}
     then = {g["uuid"]: g for g in rec["gpus"]}
     need = {}
@@ -48,6 +54,7 @@ def _check_gpus(images_dir, rec, gpu_map):
         uuid = u.get("gpu") or (rec["gpus"][u["device"]]["uuid"] if u["device"] < len(rec["gpus"]) else None)
         need[uuid] = need.get(uuid, 0) + u["size"]
     used = set(need) | (set(then) if any(m["cuda"] and not m["served"] for m in rec["group"]["members"]) else set())
+    room = {}
     for uuid in sorted(u for u in used if u):
         target = gpu_map.get(uuid, uuid)
         if target not in here:
@@ -63,6 +70,24 @@ def _check_gpus(images_dir, rec, gpu_map):
         if need.get(uuid, 0) > free:
             raise ImageError(images_dir, f"needs {need[uuid] / 2**30:.2f} GiB on GPU {target}, "
                              f"which has {free / 2**30:.2f} GiB free")
+        room[ordinal] = room.get(ordinal, free) - need.get(uuid, 0)
+    return room
+
+
+# The tool's own context and its ring on a GPU, with room to spare: below this on any GPU of the
+# restore, the ring is pinned only by the load, after the processes' memory is back, as before.
+RING_AHEAD_MARGIN = 4 << 30
+
+
+def pin_ring_ahead(headroom, total_bytes):
+    """Pin the load's ring now, in a thread, while CRIU restores the processes: pinning runs at
+    about 2 GB/s and makes this process's context too, so the load would otherwise start half a
+    second late. Only where every GPU of the restore has RING_AHEAD_MARGIN to spare: this process's
+    context then exists before the driver restores the processes' memory. -> whether it started."""
+    if not headroom or min(headroom.values()) < RING_AHEAD_MARGIN or not total_bytes:
+        return False
+    pin_ahead(CHUNK_SIZE, ring_size(total_bytes), min(headroom))
+    return True
 
 
 def pid_map(rec, root_pid):

@@ -36,6 +36,11 @@ log = logging.getLogger(__name__)
 CHUNK_SIZE = 64 << 20
 
 
+def ring_size(total_bytes, most=16, chunk_size=CHUNK_SIZE):
+    """The pinned ring's slots for moving total_bytes: `most`, fewer where fewer chunks will do."""
+    return max(1, min(most, -(-total_bytes // chunk_size)))
+
+
 def _settle(futures):
     """After a failure: cancel queued work and wait for running work, which still uses the ring."""
     for f in futures:
@@ -77,7 +82,7 @@ class CopyEngine:
         the load's ring is pinned in the background from close() on (memory.pin_ahead), and a
         resume of unchanged memory pays for it no more than one after a full copy."""
         if total_bytes is not None:
-            ring_slots = max(1, min(ring_slots, -(-total_bytes // chunk_size)))
+            ring_slots = ring_size(total_bytes, ring_slots, chunk_size)
         # Measured on an H200 (16 cores, store on tmpfs): 8 slots/8 workers 9.8 GB/s out, 16/16 14.2.
         workers = workers or min(16, os.cpu_count() or 4)
         self.store, self.chunk_size, self.verify_loads = store, chunk_size, verify_loads

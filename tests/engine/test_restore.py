@@ -103,3 +103,21 @@ def test_the_pid_map_follows_each_process_by_its_pid_in_its_namespace(monkeypatc
     with pytest.raises(ImageError, match="process 100 .pid 7 in its namespace. of the dump is not "
                                          "in the restored tree"):
         restore.pid_map(rec, 500)
+
+
+def test_check_tells_each_gpus_room_to_spare(image):
+    images, rec, *_ = image
+    room = {}
+    restore.check(images, headroom=room)
+    assert room == {0: 2**30 - 8192}, "free (1 GiB) less the 8 KiB that comes back"
+
+
+@pytest.mark.parametrize("room, pinned", [({0: 8 << 30}, True), ({0: 8 << 30, 1: 1 << 30}, False),
+                                          ({}, False)])
+def test_the_loads_ring_is_pinned_ahead_only_where_every_gpu_has_room(monkeypatch, room, pinned):
+    """Pinning ahead makes this process's context before the driver restores the processes' memory:
+    on a GPU with little to spare the old order stays (the ring pinned by the load, after)."""
+    calls = []
+    monkeypatch.setattr(restore, "pin_ahead", lambda size, count, device: calls.append((size, count, device)))
+    assert restore.pin_ring_ahead(room, 3 * restore.CHUNK_SIZE + 1) is pinned
+    assert calls == ([(restore.CHUNK_SIZE, 4, 0)] if pinned else [])

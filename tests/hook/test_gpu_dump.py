@@ -48,6 +48,20 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
                         "criu restore (processes, host memory)", "gpu back: plan, journal",
                         "restore", "load", "reopen")
     assert json.loads(r.stdout)["pid"] == parent.pid
+    assert json.loads(r.stdout)["ring_pinned_ahead"] is False, "4 GiB fake GPUs: too little to spare"
+    a.wait_ready()
+    assert_back(env, a, b)
+
+
+def test_wrapper_restore_pins_the_loads_ring_while_criu_restores(env, tree, tmp_path):
+    """With room to spare on the GPU, the restore pins the load's ring in a thread while CRIU
+    restores the processes (engine/restore.py pin_ring_ahead); the GPU state comes back whole."""
+    parent, a, b = tree
+    images, _ = dumped(env, tree, tmp_path)
+    roomy = dict(env, tool=dict(env["tool"], FAKECUDA_MEM_MB="16384"))
+    r = cli(roomy, "restore", images, "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ring_pinned_ahead"] is True
     a.wait_ready()
     assert_back(env, a, b)
 
