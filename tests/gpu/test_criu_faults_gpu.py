@@ -1,9 +1,10 @@
-"""The GPU row of the CRIU fault matrix (hooks/README.md, "Faults"): a restore onto a GPU without
+"""The GPU rows of the CRIU fault matrix (hooks/README.md, "Faults"). A restore onto a GPU without
 room for the memory that comes back. Another process holds all but 1 GiB of the GPU; the restore
 of a 2 GiB torch workload is refused before CRIU restores anything (the wrapper exits 12, the
 hook's pre-restore fails CRIU's restore; both name the GPU, what is needed and what is free), and
 nothing of the tree is left; once that process lets go, the same restore brings the tree back with
-its contents. The fake driver's twin is tests/hook/test_criu_faults.py.
+its contents. And `criu-gpushare dump` SIGKILLed mid-dump: its watch gives the torch workload
+its GPU state back by itself. The fake driver's twin is tests/hook/test_criu_faults.py.
 """
 from __future__ import annotations
 
@@ -90,5 +91,35 @@ def test_a_restore_onto_a_full_gpu_is_refused_until_there_is_room(tmp_path, criu
         rc, said = restore(tree, door, criu_bin, images)
         assert rc == 0 and "GPU state NOT restored" not in said, said[-3000:]
         assert tree.wl.verify() == "ok", "contents differ after the retried restore"
+    finally:
+        tree.close()
+
+
+@pytest.mark.parametrize("point", ["stop", "post-dump"])
+def test_the_wrapper_killed_mid_dump_gives_the_tree_back_by_itself(tmp_path, point):
+    """`criu-gpushare dump` SIGKILLed at the end of pre-dump (tasks not yet seized) or at post-dump
+    (CRIU has dumped them): its CRIU fails the dump and lets the tasks go, stopped; the command's
+    watch (engine/dumpwatch.py) then resumes them from the journal, and the workload answers with
+    its GPU contents intact, with no one running `resume`."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    from interrupts import paused, paused_env, tool_argv, wait_until
+    tree = Tree(tmp_path, "blocks", "blocks.py", ["--gib", "2"])
+    try:
+        images = tree.images()
+        pause = tmp_path / "pause"
+        t0 = time.monotonic()
+        with paused(tool_argv(["dump", tree.wl.pids[0], images]), paused_env(tree.env, point, pause),
+                    pause) as (proc, _):
+            proc.kill()
+            proc.wait()
+        run_dir = tree.env["CRIU_GPUSHARE_RUN_DIR"]
+        wait_until(lambda: not [n for n in os.listdir(run_dir) if n.startswith("journal-")],
+                   "the watch to resume the tree (its journal gone)", timeout=120)
+        back_s = time.monotonic() - t0
+        logs = "".join(open(os.path.join(run_dir, n)).read() for n in os.listdir(run_dir)
+                       if n.startswith("dumpwatch-"))
+        assert "running: criu-gpushare resume" in logs, logs
+        assert tree.wl.verify() == "ok", "contents differ after the watch's resume"
+        print(f"PROBE dump_watch point={point} back_s={back_s:.2f}", flush=True)
     finally:
         tree.close()
