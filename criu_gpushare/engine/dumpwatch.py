@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 
+from .faults import FAULT_ENV
 from .statedir import path_of
 
 CRIU_EXIT_WAIT_S = 600  # CRIU without its RPC peer fails at its next notification; a large dump's
@@ -40,7 +41,8 @@ class DumpWatch:
     @classmethod
     def start(cls, key):
         read_end, write_end = os.pipe()
-        env = dict(os.environ)
+        # a fault injected into the dump (engine/faults.py) is not the recovery's
+        env = {k: v for k, v in os.environ.items() if not k.startswith(FAULT_ENV)}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
         try:
             with open(log_path(key), "ab") as log:
