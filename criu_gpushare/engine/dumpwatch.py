@@ -11,8 +11,10 @@ resume` on the tree when a journal still holds it, exactly as a user would.
 
 Wire: the command writes "criu PID" once CRIU runs, "done" when it ends by any path it controls
 (success, error, Ctrl-C: it has then settled the tree itself), one line each, on the watch's stdin.
-End of file without "done" means the command died. Its log: dumpwatch-KEY.log in the state directory.
+End of file without "done" means the command died. Its log: dumpwatch-KEY.log in the state directory
+(removed when it stood down with nothing to say).
 """
+import contextlib
 import os
 import select
 import signal
@@ -35,8 +37,8 @@ class DumpWatch:
     """The command's side: start() before the dump, criu_started(pid) once CRIU runs,
     stand_down() at the end of every path the command controls."""
 
-    def __init__(self, proc, fd):
-        self._proc, self._fd = proc, fd
+    def __init__(self, proc, fd, log):
+        self._proc, self._fd, self._log = proc, fd, log
 
     @classmethod
     def start(cls, key):
@@ -44,13 +46,14 @@ class DumpWatch:
         # a fault injected into the dump (engine/faults.py) is not the recovery's
         env = {k: v for k, v in os.environ.items() if not k.startswith(FAULT_ENV)}
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+        path = log_path(key)
         try:
-            with open(log_path(key), "ab") as log:
+            with open(path, "ab") as log:
                 proc = subprocess.Popen([sys.executable, "-m", __name__, str(key)], stdin=read_end,
                                         stdout=log, stderr=log, env=env, start_new_session=True)
         finally:
             os.close(read_end)
-        return cls(proc, write_end)
+        return cls(proc, write_end, path)
 
     def _say(self, line):
         try:
@@ -70,7 +73,10 @@ class DumpWatch:
         try:
             self._proc.wait(5)  # it exits at once on "done"
         except subprocess.TimeoutExpired:
-            pass
+            return
+        with contextlib.suppress(OSError):  # an empty log says nothing: not left behind
+            if os.path.getsize(self._log) == 0:
+                os.unlink(self._log)
 
 
 def _wait_for_command():
