@@ -41,7 +41,18 @@ class DumpWatch:
         self._proc, self._fd, self._log = proc, fd, log
 
     @classmethod
-    def start(cls, key):
+    def start(cls, key, report=print):
+        """The watch of the dump of the tree whose key is `key`; without one (it could not be
+        started: report says so) the dump goes on as before, a `resume` away from recovery."""
+        try:
+            return cls._start(key)
+        except OSError as e:
+            report(f"no watch for this dump ({e}): should this command die mid-dump, "
+                   f"`criu-gpushare resume {key}` gives the tree back")
+            return cls(None, None, None)
+
+    @classmethod
+    def _start(cls, key):
         read_end, write_end = os.pipe()
         # a fault injected into the dump (engine/faults.py) is not the recovery's
         env = {k: v for k, v in os.environ.items() if not k.startswith(FAULT_ENV)}
@@ -56,6 +67,8 @@ class DumpWatch:
         return cls(proc, write_end, path)
 
     def _say(self, line):
+        if self._fd is None:
+            return  # never started
         try:
             os.write(self._fd, line.encode() + b"\n")
         except OSError:

@@ -168,7 +168,7 @@ class Dump:
 
         # Should this process die mid-dump, the watch gives the tree its GPU state back
         # (engine/dumpwatch.py); every path below that this process controls stands it down.
-        watch = dumpwatch.DumpWatch.start(min(job.pids))
+        watch = dumpwatch.DumpWatch.start(min(job.pids), self.report)
         try:
             with cancel.on_interrupt(first_interrupt):
                 criu_ok = False

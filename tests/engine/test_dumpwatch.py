@@ -56,3 +56,14 @@ def test_it_waits_for_criu_to_end_before_acting(run_dir):
         criu.wait()
     assert watch._proc.wait(20) == 0
     assert "nothing to give back" in log_of(424244)
+
+
+def test_a_watch_that_cannot_start_says_so_and_the_dump_goes_on(run_dir, monkeypatch):
+    def no_process(*args, **kwargs):
+        raise OSError(11, "Resource temporarily unavailable")
+    monkeypatch.setattr(dumpwatch.subprocess, "Popen", no_process)
+    said = []
+    watch = dumpwatch.DumpWatch.start(424245, report=said.append)
+    watch.criu_started(os.getpid())
+    watch.stand_down()
+    assert len(said) == 1 and "criu-gpushare resume 424245" in said[0], said
