@@ -30,7 +30,8 @@
 #   7. kills every process a probe started that is still alive (they carry GPUSHARE_PROBE_TAG=<this
 #      run> in their environment; a process stuck CHECKPOINTED only dies of SIGKILL), then lists
 #      what is left on the GPU;
-#   8. writes OUT/summary.txt (every probe row PASS/FAIL/SKIP/NOT RUN with its figures) and prints it.
+#   8. writes OUT/summary.txt (every probe row PASS/FAIL/SKIP/NOT RUN with its figures) and prints it;
+#      a run that picks its tests (GPU_TESTS set, or no "gpu" part) is not failed by rows it did not run.
 # GPU_PARTS (default "gpu real example") picks the parts of step 6 to run, so a run fits a time
 # limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
 # the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as
