@@ -211,13 +211,18 @@ class Bench:
     def driver_criu_row(self, wl, name, spec, driver_ok):
         """The driver's own path through plain CRIU (image on tmpfs), beside ours. -> workload."""
         row = Row(name, "drv+criu", "tmpfs", wl.bytes)
+        tdir = self.targets[0][1]
+        room, free = self.disk_room(tdir, wl.bytes)  # the image holds the GPU memory itself
         if not driver_ok:
             row.status = "not run: the driver alone could not bring this workload back (its row)"
+        elif not room:
+            row.status = f"not run: {free / 1e9:.1f} GB free in {tdir} for an image of its GPU memory"
+        if row.status != "ok":
             self.add(row)
             return wl
         wl = self.ensure(wl, name, spec)
         row.bytes = wl.bytes
-        images = os.path.join(self.targets[0][1], f"images-{name}-driver")
+        images = os.path.join(tdir, f"images-{name}-driver")
         shutil.rmtree(images, ignore_errors=True)
         os.makedirs(images)
         try:
