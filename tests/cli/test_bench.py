@@ -232,3 +232,23 @@ def test_hook_cycle_dumps_and_restores_through_criu_and_the_hook(criu, tmp_path)
     finally:
         wl.kill()
         bl.reap_children()
+
+
+def test_the_driver_path_through_plain_criu_runs_on_this_machines_criu(criu, tmp_path):
+    """drv+criu's CRIU half for real (the driver calls stood in for: a process without CUDA): the
+    dump and the restore it asks of CRIU work, and the image's size is recorded."""
+    wl = _PlainWorkload(tmp_path)
+    driver = _StandIns()
+    driver.pids = wl.pids
+    images = tmp_path / "images"
+    images.mkdir()
+    row = bl.Row("plain", "drv+criu", "tmpfs", 0)
+    try:
+        assert bl.driver_criu_cycle(driver, row, wl, str(images), 120), row.status
+        assert [c for c in driver.calls if c.startswith("driver")] == [
+            "driver lock", "driver checkpoint", "driver restore", "driver unlock"]
+        assert row.check == "ok" and row.extra["image_bytes"] > 0
+        assert "criu dump" in row.out_phases and "criu restore" in row.back_phases
+    finally:
+        wl.kill()
+        bl.reap_children()
