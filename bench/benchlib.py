@@ -552,7 +552,7 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
         if not ok:
             return False
         row.out_s = round(sum(row.out_phases.values()), 3)
-        row.extra["image_bytes"] = sum(e.stat().st_size for e in os.scandir(images) if e.is_file())
+        row.extra["image_bytes"] = _files_bytes(images)
         wl.reap()  # CRIU ended the process: its pid must be free for the restore
         ok, _ = criu_call("restore", row.back_phases, lambda: criu.restore(images, options))
         if not ok:
@@ -565,6 +565,11 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
     row.back_s = round(sum(row.back_phases.values()), 3)
     row.check = wl.verify()
     return True
+
+
+def _files_bytes(directory):
+    """The bytes of the files directly in directory (a CRIU image)."""
+    return sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
 
 
 _HOOK_TOOK = re.compile(r"criu-gpushare-hook: ([a-z-]+): took (\d+(?:\.\d+)?) s")
@@ -612,7 +617,7 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
         setattr(row, f"{way}_s", wall)
         setattr(row, f"{way}_phases", hook_phases(text, wall))
         if way == "out":
-            row.extra["image_bytes"] = sum(e.stat().st_size for e in os.scandir(images) if e.is_file())
+            row.extra["image_bytes"] = _files_bytes(images)
             wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     row.check = wl.verify()
     return True
