@@ -58,7 +58,8 @@ class Tree:
         t0 = time.monotonic()
         back = bl.run_tool(["restore", images], self.env, CALL_TIMEOUT_S)
         assert back.ok, f"restore: {back.why()}\n{back.stderr[-3000:]}"
-        self._after(images, dump_s, time.monotonic() - t0, "wrapper")
+        self._after(images, dump_s, time.monotonic() - t0, "wrapper",
+                    out_parts=_parts(out.phases()), back_parts=_parts(back.phases()))
 
     def hook_cycle(self, criu):
         images = self.images()
@@ -71,13 +72,15 @@ class Tree:
                         self.env, CALL_TIMEOUT_S)
         assert back.returncode == 0, back.tail(40)
         assert "GPU state NOT restored" not in back.log, back.tail(40)
-        self._after(images, dump.secs, back.secs, "hook")
+        self._after(images, dump.secs, back.secs, "hook",
+                    out_parts=_parts(bl.hook_phases(dump.log, dump.secs)),
+                    back_parts=_parts(bl.hook_phases(back.log, back.secs)))
 
-    def _after(self, images, out_s, back_s, door):
+    def _after(self, images, out_s, back_s, door, **parts):
         check = self.wl.verify()
         assert check == "ok", f"{door} cycle {self.cycle}: contents {check}"
         record(f"criu_tree_{self.wl.name}", door=door, cycle=self.cycle, out_s=round(out_s, 2),
-               back_s=round(back_s, 2), **self.resources())
+               back_s=round(back_s, 2), **self.resources(), **parts)
         shutil.rmtree(images, ignore_errors=True)
 
     def resources(self):
@@ -97,6 +100,12 @@ class Tree:
     def close(self):
         self.wl.kill()
         shutil.rmtree(self.store, ignore_errors=True)
+
+
+def _parts(phases):
+    """A cycle's phases of 0.05 s and more, for its PROBE line: where each door spends its time
+    (the wrapper's own account; the hook's actions and CRIU's rest)."""
+    return "/".join(f"{k}:{v:.2f}" for k, v in phases.items() if k != "total" and v >= 0.05) or "-"
 
 
 def _tree_bytes(path):
