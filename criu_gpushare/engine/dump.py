@@ -20,6 +20,7 @@ from ..errors import GroupHeld, StoreError
 from ..gpu.driver import gpu_inventory
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree, uses_cuda
+from ..store import fsutil
 from ..store.backend import open_store
 from . import journal as jn, record
 from .faults import fault_point
@@ -98,10 +99,14 @@ class DumpJob:
         self.journal.close()
 
     def complete(self):
-        """post-dump: make the store durable before CRIU reports success."""
+        """post-dump: make the store durable before CRIU reports success, and CRIU's image too
+        (CRIU has closed and flushed its image files by post-dump, but syncs none of them)."""
         with open_store(self.options.store) as store:
             store.read_ref(self.ref)  # the ref a restore needs must be there
             store.sync()
+            root_fd = getattr(store, "root_fd", None)  # a directory store; none in S3
+            store_dev = os.fstat(root_fd).st_dev if root_fd is not None else None
+        sync_image(self.images_dir, skip_dev=store_dev)
         self.completed = True
         self.journal.set(completed=True)
         fault_point("post-dump")
@@ -128,6 +133,16 @@ class DumpJob:
 
     def _drop_ref(self):
         drop_ref(self.options.store, self.ref)
+
+
+def sync_image(images_dir, skip_dev=None):
+    """syncfs of the file system holding images_dir, unless it is skip_dev (already synced)."""
+    fd = os.open(images_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        if os.fstat(fd).st_dev != skip_dev:
+            fsutil.syncfs(fd, images_dir)
+    finally:
+        os.close(fd)
 
 
 def drop_ref(store_path, ref):

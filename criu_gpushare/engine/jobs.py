@@ -159,7 +159,7 @@ class Dump:
                 if state["gpu"]:
                     clock.mark("criu dump (freeze, memory, images)")
                     job.complete()
-                    clock.mark("store sync (post-dump)")
+                    clock.mark("sync: store and image (post-dump)")
 
         def first_interrupt():
             interrupt.request()

@@ -92,3 +92,15 @@ def test_once_criu_killed_the_tree_only_a_completed_dump_keeps_its_ref(run_dir, 
     with Store.open(store_dir) as store:
         assert store.list_refs() == ([job.ref] if completed else [])
     assert os.listdir(run_dir) == []
+
+
+def test_post_dump_makes_the_image_durable_unless_the_store_sync_already_did(tmp_path, monkeypatch):
+    """CRIU syncs none of its image files: post-dump syncs their file system too, once (not again
+    where the store's sync covered it)."""
+    synced = []
+    monkeypatch.setattr(dump.fsutil, "syncfs", lambda fd, path: synced.append(path))
+    images = str(tmp_path)
+    dump.sync_image(images, skip_dev=os.stat(images).st_dev)
+    assert synced == []
+    dump.sync_image(images, skip_dev=None)
+    assert synced == [images]

@@ -33,7 +33,7 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     # where the time went, CRIU's part included, adds up to the whole command
     assert_phases_cover(r, wall, "tool start", "criu start", "gpu out: plan, journal, record", "save",
                         "store commit (sync, manifest, ref)", "checkpoint",
-                        "criu dump (freeze, memory, images)", "store sync (post-dump)", "criu finish")
+                        "criu dump (freeze, memory, images)", "sync: store and image (post-dump)", "criu finish")
     parent.wait(10)
     reap([a.pid, b.pid])
     out = json.loads(r.stdout)
