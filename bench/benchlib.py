@@ -37,7 +37,7 @@ from procs import become_subreaper, reap_children  # noqa: E402,F401  (become_su
 class Row:
     """One measured path on one workload: out (suspend, checkpoint, dump) and back."""
     workload: str
-    path: str                 # tool | tool-warm | driver | criu
+    path: str                 # tool | tool-warm | driver | drv+criu | criu | criu-warm | criu-cold | criu-hook
     store: str                # tmpfs | disk | - (driver: host memory)
     bytes: int                # the workload's GPU data bytes (the GB/s denominator)
     out_s: float | None = None
@@ -491,23 +491,30 @@ class Driver:
         return st.name if err == self.cu.CUresult.CUDA_SUCCESS else err.name
 
 
-def driver_cycle(driver, row, wl, timeout_s):
-    """lock + checkpoint (out), restore + unlock (back), each call timed; fills row."""
-    calls = {}
-    for op in ("lock", "checkpoint", "restore", "unlock"):
+def _driver_ops(driver, row, wl, ops, phases, timeout_s):
+    """Each driver call of ops for every pid at once, timed into phases and row.extra["calls"];
+    False at the first that fails for some pid (row.status names them)."""
+    calls = row.extra.setdefault("calls", {})
+    for op in ops:
         secs, res = driver.call(op, wl.pids, timeout_s)
         calls[op] = {"seconds": secs, "results": {str(k): v for k, v in res.items()}}
-        (row.out_phases if op in ("lock", "checkpoint") else row.back_phases)[op] = secs
+        phases[op] = secs
         bad = {p: r for p, r in res.items() if r != "CUDA_SUCCESS"}
         if bad:
-            row.extra["calls"] = calls
-            row.extra["states"] = {str(p): driver.state(p) for p in wl.pids} if not driver.hung else {}
             row.status = "fails: " + ", ".join(f"{op} pid {p} {r}" for p, r in bad.items())
-            if op in ("restore", "unlock"):
-                row.out_s = round(row.out_phases["lock"] + row.out_phases["checkpoint"], 3)
             return False
-    row.extra["calls"] = calls
-    row.out_s = round(row.out_phases["lock"] + row.out_phases["checkpoint"], 3)
+    return True
+
+
+def driver_cycle(driver, row, wl, timeout_s):
+    """lock + checkpoint (out), restore + unlock (back), each call timed; fills row."""
+    ok = _driver_ops(driver, row, wl, ("lock", "checkpoint"), row.out_phases, timeout_s)
+    if ok:
+        row.out_s = round(row.out_phases["lock"] + row.out_phases["checkpoint"], 3)
+        ok = _driver_ops(driver, row, wl, ("restore", "unlock"), row.back_phases, timeout_s)
+    if not ok:
+        row.extra["states"] = {str(p): driver.state(p) for p in wl.pids} if not driver.hung else {}
+        return False
     row.back_s = round(row.back_phases["restore"] + row.back_phases["unlock"], 3)
     row.check = wl.verify()
     return True
@@ -521,55 +528,39 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
     workload). criu: the criu_gpushare.criu.rpc module (a test gives a stand-in)."""
     if criu is None:
         from criu_gpushare.criu import rpc as criu
+    from criu_gpushare.criu.images import image_bytes
     from criu_gpushare.criu.libdir import plugin_dir_without_cuda
-
-    def driver_calls(ops, phases):
-        for op in ops:
-            secs, res = driver.call(op, wl.pids, timeout_s)
-            phases[op] = secs
-            bad = {p: r for p, r in res.items() if r != "CUDA_SUCCESS"}
-            if bad:
-                row.status = "fails: " + ", ".join(f"{op} pid {p} {r}" for p, r in bad.items())
-                return False
-        return True
 
     def criu_call(what, phases, call):
         t0 = time.monotonic()
         try:
-            result = call()
+            call()
         except criu.CriuError as e:
             row.status = f"fails: criu {what}: {e}"[:300]
-            return False, None
+            return False
         phases[f"criu {what}"] = round(time.monotonic() - t0, 3)
-        return True, result
+        return True
 
-    if not driver_calls(("lock", "checkpoint"), row.out_phases):
+    if not _driver_ops(driver, row, wl, ("lock", "checkpoint"), row.out_phases, timeout_s):
         return False
     plugins = plugin_dir_without_cuda()  # CRIU's own CUDA plugin would redo the driver's work
     try:
         options = criu.CriuOptions(libdir=plugins, link_remap=True, timeout_s=timeout_s)
-        ok, _ = criu_call("dump", row.out_phases, lambda: criu.dump(images, wl.pids[0], options))
-        if not ok:
+        if not criu_call("dump", row.out_phases, lambda: criu.dump(images, wl.pids[0], options)):
             return False
         row.out_s = round(sum(row.out_phases.values()), 3)
-        row.extra["image_bytes"] = _files_bytes(images)
+        row.extra["image_bytes"] = image_bytes(images)
         wl.reap()  # CRIU ended the process: its pid must be free for the restore
-        ok, _ = criu_call("restore", row.back_phases, lambda: criu.restore(images, options))
-        if not ok:
+        if not criu_call("restore", row.back_phases, lambda: criu.restore(images, options)):
             return False
     finally:
         if plugins:
             shutil.rmtree(plugins, ignore_errors=True)
-    if not driver_calls(("restore", "unlock"), row.back_phases):
+    if not _driver_ops(driver, row, wl, ("restore", "unlock"), row.back_phases, timeout_s):
         return False
     row.back_s = round(sum(row.back_phases.values()), 3)
     row.check = wl.verify()
     return True
-
-
-def _files_bytes(directory):
-    """The bytes of the files directly in directory (a CRIU image)."""
-    return sum(e.stat().st_size for e in os.scandir(directory) if e.is_file())
 
 
 _HOOK_TOOK = re.compile(r"criu-gpushare-hook: ([a-z-]+): took (\d+(?:\.\d+)?) s")
@@ -617,7 +608,8 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
         setattr(row, f"{way}_s", wall)
         setattr(row, f"{way}_phases", hook_phases(text, wall))
         if way == "out":
-            row.extra["image_bytes"] = _files_bytes(images)
+            from criu_gpushare.criu.images import image_bytes
+            row.extra["image_bytes"] = image_bytes(images)
             wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     row.check = wl.verify()
     return True

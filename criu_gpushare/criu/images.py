@@ -62,6 +62,11 @@ def stats(images_dir: str, action: str) -> dict:
             for k, v in entry.items() if k.endswith("_time") or k.startswith("pages_")}
 
 
+def image_bytes(images_dir: str) -> int:
+    """The bytes of the image's files (those directly in images_dir)."""
+    return sum(e.stat().st_size for e in os.scandir(images_dir) if e.is_file())
+
+
 def dump_succeeded(images_dir: str, since: float) -> bool:
     """Whether a CRIU dump begun at `since` (time.time()) succeeded: CRIU writes stats-dump only
     once the dump is done and every action script has passed, after letting the tasks go."""

@@ -5,7 +5,8 @@ notifications arrive in that process) or the holder that the hook's `pre-dump` s
                 CUDA state (their GPU memory to the store, then the driver's checkpoint, so that CRIU
                 finds no GPU mapping and no /dev/nvidia* fd), and the record in the image directory.
                 A failure rolls back: CRIU aborts the dump, the workload runs as before.
-  complete()    at post-dump, tasks seized: the store is durable, the dump is marked complete.
+  complete()    at post-dump, tasks seized: the store and CRIU's image are durable, the dump is
+                marked complete.
   after_criu()  once CRIU has let go of the tasks (its exit): tasks still alive (--leave-running,
                 or a dump that failed after pre-dump, which runs no action at all, or whose CRIU
                 was killed) get their GPU state back in place; a dump that CRIU did not finish
@@ -47,9 +48,18 @@ class DumpJob:
         self.root_pid, self.images_dir, self.cancel = root_pid, images_dir, cancel
         self.pids = sorted(process_tree(root_pid))  # before any fork: the group's key is min(pids)
         self.report = report
-        self.options, self.ref = options, options.ref
+        self.options = options
         self.journal = self.group = None
         self.completed = False
+
+    @property
+    def ref(self):
+        return self.options.ref
+
+    @property
+    def key(self):
+        """The group's key (its journal's, and `resume`'s): the lowest pid of the tree."""
+        return self.pids[0]
 
     def set_report(self, report):
         self.report = report
@@ -95,7 +105,7 @@ class DumpJob:
                 raise
         if self.group is not None:
             self.group.release_holds()
-        self._drop_ref()
+        drop_ref(self.options.store, self.ref)
         self.journal.close()
 
     def complete(self):
@@ -129,10 +139,7 @@ class DumpJob:
                 self.journal.close()
         finally:
             if not (self.completed and criu_succeeded):
-                self._drop_ref()
-
-    def _drop_ref(self):
-        drop_ref(self.options.store, self.ref)
+                drop_ref(self.options.store, self.ref)
 
 
 def sync_image(images_dir, skip_dev=None):

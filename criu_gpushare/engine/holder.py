@@ -82,7 +82,7 @@ def ask(key, cmd, on_progress=print, **fields):
 
 
 class Work:
-    """What a holder runs (engine/suspension.py's SuspendWork, hook/main.py's dump work)."""
+    """What a holder runs (engine/suspension.py's SuspendWork, engine/jobs.py's _CriuDumpWork)."""
 
     key = 0
     pids = ()

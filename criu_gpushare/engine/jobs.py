@@ -168,7 +168,7 @@ class Dump:
 
         # Should this process die mid-dump, the watch gives the tree its GPU state back
         # (engine/dumpwatch.py); every path below that this process controls stands it down.
-        watch = dumpwatch.DumpWatch.start(min(job.pids), self.report)
+        watch = dumpwatch.DumpWatch.start(job.key, self.report)
         try:
             with cancel.on_interrupt(first_interrupt):
                 criu_ok = False
@@ -193,7 +193,7 @@ class Dump:
         summary = (results.summary(job.group, "dumped") if state["gpu"]
                    else {"state": "dumped", "pids": [], "seconds": {}})
         summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "dump"))
-        summary.update(images_dir=images_dir, image_bytes=_image_bytes(images_dir),
+        summary.update(images_dir=images_dir, image_bytes=images.image_bytes(images_dir),
                        gpu_state=state["gpu"], left_running=options.leave_running)
         if state["gpu"]:
             summary.update(store=self.settings.store, ref=job.ref)
@@ -221,7 +221,7 @@ class _CriuDumpWork(holder.Work):
     def __init__(self, job, criu_pid):
         self.job, self.criu_pid = job, criu_pid
         # the journal's key: `resume PID` of any process of the tree finds this holder
-        self.key, self.pids = min(job.pids), job.pids
+        self.key, self.pids = job.key, job.pids
         self.criu_fd = None
 
     def begin(self, report):
@@ -229,9 +229,7 @@ class _CriuDumpWork(holder.Work):
         self.job.set_report(report)
         if not self.job.begin():
             return {"gpu_state": False}, False
-        group = self.job.group
-        return {"gpu_state": True, "ref": self.job.ref,
-                "phases": {k: round(v, 3) for k, v in results.phases(group.times, group.parts).items()}}, True
+        return {"gpu_state": True, "ref": self.job.ref, "phases": results.rounded_phases(self.job.group)}, True
 
     def watched_fd(self):
         return self.criu_fd
@@ -250,10 +248,6 @@ class _CriuDumpWork(holder.Work):
             self.job.complete()
             return {"completed": True}, True
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
-
-
-def _image_bytes(images_dir):
-    return sum(e.stat().st_size for e in os.scandir(images_dir) if e.is_file())
 
 
 # -- restore -------------------------------------------------------------------------------------

@@ -3,8 +3,11 @@
   check(images_dir)   pre-restore: the image's record (engine/record.py) is there and readable, the
                       store holds its manifest and every chunk (stat only), and every GPU the group
                       used is here (by UUID, or mapped with --gpu-map OLD=NEW), of the same model,
-                      with room for the memory that comes back. Refusing here restores nothing.
-  run(record, root)   post-resume (tasks running, their GPU work waiting at the shims' gates): the
+                      with room for the memory that comes back; -> (record, manifest), and each
+                      GPU's room to spare. Refusing here restores nothing.
+  pin_ring_ahead      while CRIU restores: the load's pinned ring made in a thread, where there is
+                      room to spare (the wrapper's restore).
+  run(rec, root)      post-resume (tasks running, their GPU work waiting at the shims' gates): the
                       undo of the dump's steps, in a new process and maybe on another machine:
                       driver restore of every process, unlock, re-create, load, re-attach, reopen.
                       It runs under a journal of kind "restore": a failure leaves the processes

@@ -15,12 +15,17 @@ def phases(times, parts):
     return out
 
 
+def rounded_phases(group):
+    """group's phases (see phases) to the millisecond, as every report gives them."""
+    return {k: round(v, 3) for k, v in phases(group.times, group.parts).items()}
+
+
 def summary(group, what):
     """The result of a suspend, resume or dump of `group`, `what` naming its state after."""
     s = group.stats
     return {"state": what, "pids": group.pids, "ref": group.options.ref,
             "seconds": {k: round(v, 3) for k, v in group.times.items()},
-            "phases": {k: round(v, 3) for k, v in phases(group.times, group.parts).items()},
+            "phases": rounded_phases(group),
             "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
                       "zero": s.zero, "unchanged": s.unchanged},
             "units": len(group.units), "attachments": len(group.attachments)}

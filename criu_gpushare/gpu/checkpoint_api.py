@@ -61,7 +61,7 @@ def _state(pid):
 
 
 def _ask(pid, op, timeout_s, what):
-    """op(pid) in a thread of its own, its answer within timeout_s (see for_each)."""
+    """op(pid) in a thread of its own, its answer within timeout_s (see _run_all)."""
     values, errors = _run_all([pid], op, (), timeout_s, what)
     if errors:
         raise errors[pid]

@@ -52,7 +52,7 @@ def _outcome(final, consequence):
 
 
 def _phases(phases):
-    return " ".join(f"{k} {v:.2f}" for k, v in phases.items() if k != "total")
+    return " ".join(f"{k} {v:.2f}" for k, v in phases.items())
 
 
 # -- dump ------------------------------------------------------------------------------------
@@ -81,7 +81,7 @@ def pre_dump(action):
     job = jobs.Dump(root, _images_dir(), jobs.load_settings(), report=lambda m: None)
     final = job.start_holder(_criu_pid(), report=lambda m: _say(action, m))
     _outcome(final, "CRIU aborts the dump; the tasks keep running")
-    phases = (final or {}).get("result", {}).get("phases")
+    phases = final["result"].get("phases")
     if phases:
         _say(action, f"GPU state of {len(job.job.pids)} process(es) out: {_phases(phases)}")
     return 0
