@@ -188,7 +188,7 @@ def _recv_all(sock: socket.socket, pid: int, cmd: str, deadline: float,
     while True:
         try:
             _wait_readable(sock, pid, cmd, deadline, timeout)
-        except ShimError:
+        except (ShimError, ProcessNoAnswer):  # every way it fails: the fds received so far closed
             _close_all(fds)
             raise
         data, anc, flags, _ = sock.recvmsg(MAX_RECORD, socket.CMSG_SPACE(MAX_FDS * fd_size))
