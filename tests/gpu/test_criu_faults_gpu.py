@@ -95,6 +95,31 @@ def test_a_restore_onto_a_full_gpu_is_refused_until_there_is_room(tmp_path, criu
         tree.close()
 
 
+def watch_logs(run_dir):
+    return "".join(open(os.path.join(run_dir, n)).read() for n in os.listdir(run_dir)
+                   if n.startswith("dumpwatch-"))
+
+
+def what_holds(tree, run_dir, proc):
+    """What a failed wait shows: the watch's log, the command's stderr, the tree's and CRIU's
+    processes (state, where they wait), the state directory."""
+    lines = [f"watch log: {watch_logs(run_dir)!r}", f"command stderr: {(proc.stderr_text or '')[-2000:]}",
+             f"state directory: {sorted(os.listdir(run_dir))}"]
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read()
+        except OSError:
+            continue
+        if int(pid) in map(int, tree.wl.pids) or "criu" in cmd or "dumpwatch" in cmd:
+            lines.append(f"pid {pid} ppid {ppid} state {state} wchan {wchan}: {cmd}")
+    return "\n".join(lines)
+
+
 @pytest.mark.parametrize("point", ["stop", "post-dump"])
 def test_the_wrapper_killed_mid_dump_gives_the_tree_back_by_itself(tmp_path, point):
     """`criu-gpushare dump` SIGKILLed at the end of pre-dump (tasks not yet seized) or at post-dump
@@ -109,15 +134,18 @@ def test_the_wrapper_killed_mid_dump_gives_the_tree_back_by_itself(tmp_path, poi
         pause = tmp_path / "pause"
         t0 = time.monotonic()
         with paused(tool_argv(["dump", tree.wl.pids[0], images]), paused_env(tree.env, point, pause),
-                    pause) as (proc, _):
+                    pause) as (proc, err_path):
             proc.kill()
             proc.wait()
+        proc.stderr_text = open(err_path).read()
         run_dir = tree.env["CRIU_GPUSHARE_RUN_DIR"]
-        wait_until(lambda: not [n for n in os.listdir(run_dir) if n.startswith("journal-")],
-                   "the watch to resume the tree (its journal gone)", timeout=120)
+        try:
+            wait_until(lambda: not [n for n in os.listdir(run_dir) if n.startswith("journal-")],
+                       "the watch to resume the tree (its journal gone)", timeout=120)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{what_holds(tree, run_dir, proc)}") from None
         back_s = time.monotonic() - t0
-        logs = "".join(open(os.path.join(run_dir, n)).read() for n in os.listdir(run_dir)
-                       if n.startswith("dumpwatch-"))
+        logs = watch_logs(run_dir)
         assert "running: criu-gpushare resume" in logs, logs
         assert tree.wl.verify() == "ok", "contents differ after the watch's resume"
         print(f"PROBE dump_watch point={point} back_s={back_s:.2f}", flush=True)
