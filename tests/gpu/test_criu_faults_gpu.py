@@ -105,7 +105,7 @@ def what_holds(tree, run_dir, proc):
     processes (state, where they wait), the state directory."""
     lines = [f"watch log: {watch_logs(run_dir)!r}", f"command stderr: {(proc.stderr_text or '')[-2000:]}",
              f"state directory: {sorted(os.listdir(run_dir))}"]
-    for pid in os.listdir("/proc"):
+    for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
@@ -113,10 +113,12 @@ def what_holds(tree, run_dir, proc):
                 state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
             with open(f"/proc/{pid}/wchan") as f:
                 wchan = f.read()
+            with open(f"/proc/{pid}/status") as f:
+                tracer = [ln.split()[1] for ln in f if ln.startswith("TracerPid:")]
         except OSError:
             continue
         if int(pid) in map(int, tree.wl.pids) or "criu" in cmd or "dumpwatch" in cmd:
-            lines.append(f"pid {pid} ppid {ppid} state {state} wchan {wchan}: {cmd}")
+            lines.append(f"pid {pid} ppid {ppid} state {state} tracer {tracer} wchan {wchan}: {cmd}")
     return "\n".join(lines)
 
 
