@@ -143,7 +143,7 @@ def test_the_wrapper_killed_mid_dump_gives_the_tree_back_by_itself(tmp_path, poi
         run_dir = tree.env["CRIU_GPUSHARE_RUN_DIR"]
         try:
             wait_until(lambda: not [n for n in os.listdir(run_dir) if n.startswith("journal-")],
-                       "the watch to resume the tree (its journal gone)", timeout=120)
+                       "the watch to resume the tree (its journal gone)", timeout=60)
         except AssertionError as e:
             raise AssertionError(f"{e}\n{what_holds(tree, run_dir, proc)}") from None
         back_s = time.monotonic() - t0
