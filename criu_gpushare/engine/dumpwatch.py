@@ -20,6 +20,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 
 from .faults import FAULT_ENV
 from .statedir import path_of
@@ -111,6 +112,11 @@ def _wait_for_command():
                     criu_fd = None  # already gone: nothing to wait for
 
 
+def _say(message):
+    """A line of the log, timed: what the watch did is read after the fact."""
+    print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
+
+
 def main(argv):
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
@@ -118,20 +124,22 @@ def main(argv):
     stood_down, criu_fd = _wait_for_command()
     if stood_down:
         return 0
-    print(f"dump of the tree of {key}: its command died before it gave the GPU state back",
-          flush=True)
-    if criu_fd is not None and not select.select([criu_fd], [], [], CRIU_EXIT_WAIT_S)[0]:
-        print(f"CRIU still runs after {CRIU_EXIT_WAIT_S} s; resuming anyway", flush=True)
+    _say(f"dump of the tree of {key}: its command died before it gave the GPU state back")
+    if criu_fd is not None:
+        if select.select([criu_fd], [], [], CRIU_EXIT_WAIT_S)[0]:
+            _say("its CRIU has ended")
+        else:
+            _say(f"CRIU still runs after {CRIU_EXIT_WAIT_S} s; resuming anyway")
     from . import journal
     try:
         held = journal.owner_of(key) is not None
     except Exception as e:  # a state file it cannot read: resume names it
-        print(f"its journal: {e}", flush=True)
+        _say(f"its journal: {e}")
         held = True
     if not held:
-        print("no journal holds it: nothing to give back", flush=True)
+        _say("no journal holds it: nothing to give back")
         return 0
-    print(f"running: criu-gpushare resume {key}", flush=True)
+    _say(f"running: criu-gpushare resume {key}")
     os.execv(sys.executable, [sys.executable, "-m", "criu_gpushare.cli", "resume", str(key)])
 
 

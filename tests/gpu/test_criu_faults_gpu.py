@@ -105,6 +105,10 @@ def what_holds(tree, run_dir, proc):
     processes (state, where they wait), the state directory."""
     lines = [f"watch log: {watch_logs(run_dir)!r}", f"command stderr: {(proc.stderr_text or '')[-2000:]}",
              f"state directory: {sorted(os.listdir(run_dir))}"]
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("journal-"):
+            with open(os.path.join(run_dir, name), errors="replace") as f:
+                lines.append(f"{name}: {f.read()[:1500]}")
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
