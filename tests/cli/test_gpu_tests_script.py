@@ -17,3 +17,20 @@ def test_a_pytest_run_past_its_timeout_names_the_test_and_its_line(tmp_path):
             "tests/cli/hang_case.py::test_waits_forever") in log, log[-3000:]
     assert 'hang_case.py", line 8 in test_waits_forever' in log, log[-3000:]  # where it was
     assert "pytest tests/cli/hang_case.py: FAILED (exit 124)" in (out / "steps.txt").read_text()
+
+
+def test_gpu_repeat_runs_the_tests_again_until_a_run_fails(tmp_path):
+    """GPU_REPEAT=N looks for a rare failure in one call: it stops at the first failing run, and
+    that run's junit.xml and step line are what the summary reads."""
+    out, count = tmp_path / "out", tmp_path / "count"
+    env = dict(os.environ, OUT=str(out), GPU_TESTS_INSTALL="0", GPU_PARTS="gpu", GPU_REPEAT="5",
+               GPU_TESTS="tests/cli/flaky_case.py", PYTEST_TIMEOUT_S="60", FLAKY_CASE_COUNT=str(count))
+    r = subprocess.run(["scripts/gpu-tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    assert count.read_text() == "2", "it went on after the failing run"
+    log = (out / "gpu-tests.log").read_text()
+    assert "run 2 of 5" in log and "run 3 of 5" not in log and "the second run fails" in log, log[-3000:]
+    steps = (out / "steps.txt").read_text()
+    assert "pytest tests/cli/flaky_case.py: ok" in steps and "pytest tests/cli/flaky_case.py: FAILED" in steps
+    assert 'failures="1"' in (out / "junit.xml").read_text()
