@@ -5,9 +5,10 @@ there), so once it has checkpointed the tree's GPU state only it would give that
 dies, its CRIU, the answer lost, fails the dump and lets the tasks go: the processes with GPU state
 stay stopped (they never run on missing memory) and the journal says how to bring them back. This
 watch, a process of its own session started before anything touches CUDA, does that without anyone:
-it waits for the command to end; if the command did not stand it down first, it waits for the CRIU
-process to end too (no driver call can reach a task CRIU still holds), then runs `criu-gpushare
-resume` on the tree when a journal still holds it, exactly as a user would.
+it waits for the command to end; if the command did not stand it down first, it waits for the
+command's exit to complete (its GPU context gone) and for the CRIU process to end (no driver call
+can reach a task CRIU still holds), then runs `criu-gpushare resume` on the tree when a journal
+still holds it, exactly as a user would.
 
 Wire: the command writes "criu PID" once CRIU runs, "done" when it ends by any path it controls
 (success, error, Ctrl-C: it has then settled the tree itself), one line each, on the watch's stdin.
@@ -27,6 +28,7 @@ from .statedir import path_of
 
 CRIU_EXIT_WAIT_S = 600  # CRIU without its RPC peer fails at its next notification; a large dump's
 # memory pass may come first. Past this, resume runs anyway and says what holds the tasks.
+COMMAND_EXIT_WAIT_S = 60  # from its pipe's end (its files closing) to its exit (all of them closed)
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -61,7 +63,8 @@ class DumpWatch:
         path = log_path(key)
         try:
             with open(path, "ab") as log:
-                proc = subprocess.Popen([sys.executable, "-m", __name__, str(key)], stdin=read_end,
+                proc = subprocess.Popen([sys.executable, "-m", __name__, str(key), str(os.getpid())],
+                                        stdin=read_end,
                                         stdout=log, stderr=log, env=env, start_new_session=True)
         finally:
             os.close(read_end)
@@ -117,14 +120,27 @@ def _say(message):
     print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
 
 
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None  # already gone
+
+
 def main(argv):
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     key = int(argv[1])
+    command_fd = _pidfd(int(argv[2]))
     stood_down, criu_fd = _wait_for_command()
     if stood_down:
         return 0
     _say(f"dump of the tree of {key}: its command died before it gave the GPU state back")
+    # The pipe ends as the dead command's files close, one by one: its GPU context may still be
+    # going away. No driver call is made until it has (the driver hangs on calls from two
+    # processes at once).
+    if command_fd is not None and not select.select([command_fd], [], [], COMMAND_EXIT_WAIT_S)[0]:
+        _say(f"its command has not exited {COMMAND_EXIT_WAIT_S} s after its end; going on")
     if criu_fd is not None:
         if select.select([criu_fd], [], [], CRIU_EXIT_WAIT_S)[0]:
             _say("its CRIU has ended")
