@@ -139,8 +139,11 @@ def main(argv):
     # The pipe ends as the dead command's files close, one by one: its GPU context may still be
     # going away. No driver call is made until it has (the driver hangs on calls from two
     # processes at once).
-    if command_fd is not None and not select.select([command_fd], [], [], COMMAND_EXIT_WAIT_S)[0]:
-        _say(f"its command has not exited {COMMAND_EXIT_WAIT_S} s after its end; going on")
+    if command_fd is not None:
+        if select.select([command_fd], [], [], COMMAND_EXIT_WAIT_S)[0]:
+            _say("its command has exited")
+        else:
+            _say(f"its command has not exited {COMMAND_EXIT_WAIT_S} s after its end; going on")
     if criu_fd is not None:
         if select.select([criu_fd], [], [], CRIU_EXIT_WAIT_S)[0]:
             _say("its CRIU has ended")

@@ -104,7 +104,8 @@ def test_it_waits_for_the_dead_commands_exit_to_complete_before_acting(run_dir, 
         time.sleep(0.5)
         assert not os.path.exists(dumpwatch.log_path(424246)) or \
             "nothing to give back" not in log_of(424246), "acted while the command was exiting"
-    wait_for_log(424246, "nothing to give back")
+    log = wait_for_log(424246, "nothing to give back")
+    assert log.index("its command has exited") < log.index("nothing to give back"), log
 
 
 def test_a_watch_that_cannot_start_says_so_and_the_dump_goes_on(run_dir, monkeypatch):
