@@ -219,8 +219,15 @@ def _check_or_write_store_file(root_fd, path, create):
         # freshly made file system mounted here has lost+found.
         if any(not e.name.startswith(f".{STORE_FILE}.") and e.name != "lost+found"
                for e in os.scandir(root_fd)):
-            raise StoreError(f"{path}: not empty and not a criu-gpushare store (no {STORE_FILE}); "
-                             f"refusing to turn it into one")
+            # A store's creator writes store.json before anything else: one that did so since
+            # the read above has made this a store.
+            try:
+                data = fsutil.read_small_file(root_fd, path, STORE_FILE, limit=1 << 20)
+            except FileNotFoundError:
+                raise StoreError(f"{path}: not empty and not a criu-gpushare store (no "
+                                 f"{STORE_FILE}); refusing to turn it into one") from None
+            check_store_doc(data, file_path)
+            return
         doc = {"format": STORE_FORMAT, "version": STORE_VERSION, "hash": HASH_NAME,
                "chunk_size_max": CHUNK_SIZE_MAX}
         fsutil.write_file_atomic(root_fd, path, STORE_FILE,

@@ -182,3 +182,22 @@ def test_get_rejects_a_bad_id_and_a_read_only_buffer(store):
         store.get("../../etc/passwd", bytearray(10))
     with pytest.raises(ValueError):
         store.get(cid, bytes(4096))
+
+
+def test_a_store_made_by_another_process_between_two_looks_is_opened(store_dir, monkeypatch):
+    """Two first dumps at once: one finds no store.json, then the directory already filled by the
+    other, which wrote store.json first. That is the other's new store, not a stranger's."""
+    Store.open(store_dir, create=True).close()  # the other process, done
+    from criu_gpushare.store import fsutil
+    real, calls = fsutil.read_small_file, []
+
+    def not_yet_on_the_first_read(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise FileNotFoundError(2, "No such file or directory")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fsutil, "read_small_file", not_yet_on_the_first_read)
+    with Store.open(store_dir, create=True) as s:
+        s.put(chunk_bytes(1, 100))
+    assert len(calls) >= 2
