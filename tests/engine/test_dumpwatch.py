@@ -38,24 +38,28 @@ def test_stood_down_it_ends_at_once_and_says_nothing(run_dir):
 COMMAND = """
 import os, sys, time
 from criu_gpushare.engine import dumpwatch
-key, started, criu, linger_s = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+key, started, criu, hold = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4]
 watch = dumpwatch.DumpWatch.start(key)
 if criu:
     watch.criu_started(criu)
 os.close(watch._fd)  # the pipe ends as a dying command's files close...
 open(started, "w").close()
-time.sleep(linger_s)  # ...and the rest of its exit (its GPU context going) may take this long
+deadline = time.monotonic() + 60
+while os.path.exists(hold) and time.monotonic() < deadline:
+    time.sleep(0.02)  # ...and the rest of its exit (its GPU context going) lasts while hold exists
 """
 
 
 @contextlib.contextmanager
-def dying_command(tmp_path, key, criu=0, linger_s=0.0):
+def dying_command(tmp_path, key, criu=0, lingering=False):
     """A `criu-gpushare dump` stand-in that starts its watch, tells it CRIU's pid (criu), and dies
-    without a word, its exit taking linger_s after its pipe has ended. Inside the `with`, it has
-    closed its pipe and may still be exiting; after it, it has exited."""
-    started = tmp_path / f"started-{key}"
+    without a word. Inside the `with`, it has closed its pipe and, lingering, is still exiting;
+    after it, it has exited."""
+    started, hold = tmp_path / f"started-{key}", tmp_path / f"hold-{key}"
+    if lingering:
+        hold.touch()
     command = subprocess.Popen([sys.executable, "-c", COMMAND, str(key), str(started), str(criu),
-                                str(linger_s)])
+                                str(hold)])
     try:
         deadline = time.monotonic() + 30
         while not started.exists():
@@ -63,6 +67,7 @@ def dying_command(tmp_path, key, criu=0, linger_s=0.0):
             time.sleep(0.02)
         yield
     finally:
+        hold.unlink(missing_ok=True)
         command.wait(30)
 
 
@@ -100,7 +105,7 @@ def test_it_waits_for_criu_to_end_before_acting(run_dir, tmp_path):
 def test_it_waits_for_the_dead_commands_exit_to_complete_before_acting(run_dir, tmp_path):
     """The pipe's end comes as the command's files close, before its GPU context has gone: the
     watch acts only once the command has exited."""
-    with dying_command(tmp_path, 424246, linger_s=1.5):
+    with dying_command(tmp_path, 424246, lingering=True):
         time.sleep(0.5)
         assert not os.path.exists(dumpwatch.log_path(424246)) or \
             "nothing to give back" not in log_of(424246), "acted while the command was exiting"
