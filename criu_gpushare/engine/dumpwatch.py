@@ -96,6 +96,13 @@ class DumpWatch:
                 os.unlink(self._log)
 
 
+def _pidfd(pid):
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        return None  # already gone
+
+
 def _wait_for_command():
     """-> (whether the command stood down, CRIU's pidfd or None)."""
     criu_fd, buf = None, b""
@@ -110,21 +117,14 @@ def _wait_for_command():
                 return True, criu_fd
             if line.startswith(b"criu "):
                 try:
-                    criu_fd = os.pidfd_open(int(line.split()[1]))
-                except (ProcessLookupError, ValueError):
-                    criu_fd = None  # already gone: nothing to wait for
+                    criu_fd = _pidfd(int(line.split()[1]))
+                except ValueError:
+                    criu_fd = None  # not a pid: nothing to wait for
 
 
 def _say(message):
     """A line of the log, timed: what the watch did is read after the fact."""
     print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
-
-
-def _pidfd(pid):
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None  # already gone
 
 
 def main(argv):

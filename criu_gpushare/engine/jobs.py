@@ -262,11 +262,12 @@ class Restore:
         # The dump's recorded store unless a flag, the environment or the config file names one.
         self.store = settings.store if settings.origin.get("store") != "default" else None
         self.record = self.manifest = None
+        self.headroom = {}  # each GPU's room to spare, from check()
 
     def check(self):
         """Before CRIU restores anything: the image, the store, the GPUs (engine/restore.py);
         -> whether there is GPU state to bring back."""
-        self.headroom = {}
+        self.headroom.clear()
         self.record, self.manifest = restore.check(self.images_dir, self.store, self.settings.gpu_map,
                                                    lambda: images.maps_libcuda(self.images_dir),
                                                    headroom=self.headroom)

@@ -210,7 +210,7 @@ def _check_or_write_store_file(root_fd, path, create):
     """Read store.json (refusing a newer version); write it when creating a new store."""
     file_path = os.path.join(path, STORE_FILE)
     try:
-        data = fsutil.read_small_file(root_fd, path, STORE_FILE, limit=1 << 20)
+        data = _read_store_file(root_fd, path)
     except FileNotFoundError:
         if not create:
             raise StoreError(f"{path}: not a criu-gpushare store (no {STORE_FILE}); "
@@ -222,18 +222,21 @@ def _check_or_write_store_file(root_fd, path, create):
             # A store's creator writes store.json before anything else: one that did so since
             # the read above has made this a store.
             try:
-                data = fsutil.read_small_file(root_fd, path, STORE_FILE, limit=1 << 20)
+                data = _read_store_file(root_fd, path)
             except FileNotFoundError:
                 raise StoreError(f"{path}: not empty and not a criu-gpushare store (no "
                                  f"{STORE_FILE}); refusing to turn it into one") from None
-            check_store_doc(data, file_path)
+        else:
+            doc = {"format": STORE_FORMAT, "version": STORE_VERSION, "hash": HASH_NAME,
+                   "chunk_size_max": CHUNK_SIZE_MAX}
+            fsutil.write_file_atomic(root_fd, path, STORE_FILE,
+                                     json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
             return
-        doc = {"format": STORE_FORMAT, "version": STORE_VERSION, "hash": HASH_NAME,
-               "chunk_size_max": CHUNK_SIZE_MAX}
-        fsutil.write_file_atomic(root_fd, path, STORE_FILE,
-                                 json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
-        return
     check_store_doc(data, file_path)
+
+
+def _read_store_file(root_fd, path):
+    return fsutil.read_small_file(root_fd, path, STORE_FILE, limit=1 << 20)
 
 
 def check_store_doc(data, file_path):
