@@ -150,8 +150,8 @@ def test_a_wrapper_that_ends_on_its_own_stands_its_watch_down(env, tree, tmp_pat
     assert r.returncode == 0, r.text[-3000:]
     parent.wait(10)
     assert not [n for n in os.listdir(env["run"]) if n.startswith("dumpwatch-")]
-    assert not [p for p in psutil.process_iter(["cmdline"])
-                if "criu_gpushare.engine.dumpwatch" in " ".join(p.info["cmdline"] or [])]
+    watch = ["-m", "criu_gpushare.engine.dumpwatch", str(min(p.pid for p in tree))]  # this dump's
+    assert not [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [])[1:4] == watch]
 
 
 @pytest.mark.parametrize("door", DOORS)
