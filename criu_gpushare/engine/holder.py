@@ -1,13 +1,13 @@
 """The holder: a detached process that does a group's work and then keeps it, answering requests.
 
-`criu-gpushare suspend` and the hook's `pre-dump` fork it before anything touches CUDA (fork and
-CUDA do not mix). It makes every driver checkpoint call of the group (the driver hangs when two
-processes make them at once), keeps the group's CPU threads frozen with ptrace where the work froze
-them (a freeze lasts only as long as its tracer lives), and waits for requests, or for an event its
-work watches (the hook's holder watches the CRIU process that ran it), or looks again every so
-often where its work asks (a suspend held for a stopped member finishes its rollback once that
-member runs again). It is a convenience, not the
-keeper of record: the journal (engine/journal.py) is, so a holder that dies loses nothing.
+`criu-gpushare suspend` and the hook's `pre-dump` and `pre-restore` fork it before anything
+touches CUDA (fork and CUDA do not mix). It makes every driver checkpoint call of the group (the
+driver hangs when two processes make them at once), keeps the group's CPU threads frozen with
+ptrace where the work froze them (a freeze lasts only as long as its tracer lives), and waits for
+requests, or for an event its work watches (the hook's holders watch the CRIU process that ran
+them), or looks again every so often where its work asks (a suspend held for a stopped member
+finishes its rollback once that member runs again). It is a convenience, not the keeper of
+record: the journal (engine/journal.py) is, so a holder that dies loses nothing.
 
 Nothing the starting command does can interrupt it mid-step: it runs in its own session, ignores
 SIGINT, SIGHUP and SIGPIPE, and its writes to a client that went away are dropped. A cancellable
@@ -57,16 +57,21 @@ def _lines(conn):
             yield json.loads(line)
 
 
+class NoHolder(ProcessError):
+    """No holder listens for `key`: it never started, or it has ended (nothing was asked of it)."""
+
+
 def ask(key, cmd, on_progress=print, **fields):
     """Send a command to the holder of group `key`; relay progress; return the final object.
-    ProcessError when no holder answers (the caller then works from the journal)."""
+    NoHolder when none listens; ProcessError when it closes without an answer (the caller then
+    works from the journal)."""
     sock_path, log = _paths(key)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
     try:
         try:
             conn.connect(sock_path)
         except (FileNotFoundError, ConnectionRefusedError):
-            raise ProcessError(key, f"its holder is gone ({sock_path}); see {log}") from None
+            raise NoHolder(key, f"its holder is gone ({sock_path}); see {log}") from None
         try:
             send_line(conn, {"cmd": cmd, **fields})
             for obj in _lines(conn):
@@ -82,7 +87,8 @@ def ask(key, cmd, on_progress=print, **fields):
 
 
 class Work:
-    """What a holder runs (engine/suspension.py's SuspendWork, engine/jobs.py's _CriuDumpWork)."""
+    """What a holder runs (engine/suspension.py's SuspendWork, engine/jobs.py's _CriuDumpWork and
+    _CriuRestoreWork)."""
 
     key = 0
     pids = ()

@@ -273,6 +273,15 @@ class Restore:
                                                    headroom=self.headroom)
         return self.record is not None
 
+    def has_gpu_state(self):
+        """Without CUDA (the hook's pre-restore, before it forks a holder): whether the image may
+        hold GPU state to bring back. An image with libcuda mappings but no record counts: check()
+        refuses it."""
+        try:
+            return bool(image_record.read(self.images_dir)["gpu_state"])
+        except image_record.RecordMissing:
+            return images.maps_libcuda(self.images_dir)
+
     def read_record(self):
         """The image's record, read again where check() ran in another process (the hook's
         pre-restore); -> whether there is GPU state to bring back."""
@@ -301,8 +310,7 @@ class Restore:
             raise Cancelled(f"restore of {images_dir} interrupted before CRIU began: nothing was "
                             "restored") from None
         options, plugins = _criu_options(criu)
-        ring_ahead = self.record is not None and restore.pin_ring_ahead(  # while CRIU restores
-            self.headroom, sum(u["size"] for u in self.record["group"]["units"]))
+        ring_ahead = self.record is not None and self.pin_ring_ahead()  # while CRIU restores
         clock.mark("check (image, store, GPUs)")
         # Once CRIU restores, nothing takes it back: an interrupt says so and the restore goes on.
         with cancel.on_interrupt(lambda: self.report(cancel.GOES_ON.format("restore"))):
@@ -320,6 +328,31 @@ class Restore:
                 clock.absorb(summary.get("phases", {}), "gpu back: plan, journal")
         summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
         return summary
+
+    def pin_ring_ahead(self):
+        """Pin the load's ring in a thread while CRIU restores, where every GPU has room to spare
+        (engine/restore.py); -> whether it started."""
+        return restore.pin_ring_ahead(self.headroom, sum(u["size"] for u in self.record["group"]["units"]))
+
+    def start_holder(self, criu_pid, report):
+        """The hook's pre-restore: check, warm the cache and pin the load's ring in a holder that
+        then waits, watching CRIU (pid criu_pid), for post-resume to ask for the rest: the GPU
+        side then runs in a process whose context, ring and manifest are ready, as in the
+        wrapper's restore. -> the holder's final object."""
+        return holder.start(_CriuRestoreWork(self, criu_pid), on_progress=report)
+
+    @staticmethod
+    def run_hooked(state, criu_pid, report):
+        """The hook's post-resume: the GPU state of the restored tree back, by the holder that
+        pre-restore started, or here from the state post-restore saved where none listens (a
+        CRIU whose pre-restore ran another program, or a holder that died before being asked).
+        -> the summary."""
+        try:
+            final = holder.ask(_CriuRestoreWork.key_of(criu_pid), "post-resume", on_progress=report,
+                               root=state["root"])
+        except holder.NoHolder:
+            return Restore.run_saved(state, state["root"], report)
+        return holder.outcome(final)
 
     def warm_cache(self):
         """The hook's pre-restore: the node cache filled with what the restore will read; -> the
@@ -341,3 +374,47 @@ class Restore:
     def run_saved(state, root, report):
         """The hook's post-resume: the GPU state of root's tree back as saved; -> the summary."""
         return restore.run(state["record"], root, Options.from_stored(state), report=report)
+
+
+class _CriuRestoreWork(holder.Work):
+    """The holder of one CRIU restore run by the hook: pre-restore's check (the GPUs are looked at,
+    so CUDA starts here, never in the hook's process), the ring pinned while CRIU restores, then
+    post-resume's GPU side. It ends with that, or when CRIU ends first (a restore that failed
+    between the two: nothing of ours ran)."""
+
+    def __init__(self, job, criu_pid):
+        self.job, self.criu_pid = job, criu_pid
+        self.key = self.key_of(criu_pid)
+        self.criu_fd = None
+
+    @staticmethod
+    def key_of(criu_pid):
+        return f"restore-{criu_pid}"
+
+    def begin(self, report):
+        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
+        job = self.job
+        job.report = report
+        if not job.check():
+            return {"gpu_state": False}, False
+        fetched = job.warm_cache()
+        if fetched is not None:
+            report(f"node cache {job.settings.cache}: {fetched} chunk(s) fetched")
+        rec = job.record
+        report(f"image {job.images_dir}: GPU state of {len(rec['processes'])} process(es) in "
+               f"{job.store or rec['store']} ({rec['ref']}), every chunk present")
+        ring = job.pin_ring_ahead()
+        return {"gpu_state": True, "ring_pinned_ahead": ring}, True
+
+    def watched_fd(self):
+        return self.criu_fd
+
+    def on_event(self, report):
+        report("CRIU ended before its post-resume: no GPU state to bring back")
+        return False
+
+    def handle(self, cmd, fields, report):
+        if cmd == "post-resume":
+            self.job.report = report
+            return self.job.run(fields["root"]), False
+        raise ProcessError(self.key, f"unknown holder command {cmd!r}")

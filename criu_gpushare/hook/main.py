@@ -7,8 +7,9 @@ fails a dump or a restore.
 
 Between actions, state lives in the tool's private state directory: the dump's journal (and the
 holder that pre-dump starts, which watches CRIU and gives running tasks their GPU state back once
-CRIU lets go of them), and `restore-<criu pid>.json` from post-restore to post-resume (CRIU has
-closed the image directory by post-resume).
+CRIU lets go of them); for a restore, the holder that pre-restore starts (it checks, pins the
+load's ring while CRIU restores, and does post-resume's GPU side) and `restore-<criu pid>.json`
+from post-restore to post-resume (CRIU has closed the image directory by post-resume).
 """
 import os
 import sys
@@ -101,16 +102,13 @@ def _restore_state():
 
 
 def pre_restore(action):
-    images_dir = _images_dir()
-    job = jobs.Restore(images_dir, jobs.load_settings(), report=lambda m: _say(action, m))
-    if not job.check():
-        return 0
-    fetched = job.warm_cache()
-    if fetched is not None:
-        _say(action, f"node cache {job.settings.cache}: {fetched} chunk(s) fetched")
-    rec = job.record
-    _say(action, f"image {images_dir}: GPU state of {len(rec['processes'])} process(es) in "
-                 f"{job.store or rec['store']} ({rec['ref']}), every chunk present")
+    job = jobs.Restore(_images_dir(), jobs.load_settings())
+    if not job.has_gpu_state():
+        return 0  # nothing of ours in this image: no holder
+    final = job.start_holder(_criu_pid(), report=lambda m: _say(action, m))
+    _outcome(final, "CRIU restores nothing")
+    if final["result"].get("ring_pinned_ahead"):
+        _say(action, "the load's ring is pinned while CRIU restores the processes")
     return 0
 
 
@@ -131,7 +129,7 @@ def post_resume(action):
     statedir.remove(_restore_state())
     root = state["root"]
     try:
-        summary = jobs.Restore.run_saved(state, root, report=lambda m: _say(action, m))
+        summary = jobs.Restore.run_hooked(state, _criu_pid(), report=lambda m: _say(action, m))
     except Error as e:
         # CRIU only logs post-resume's exit and reports the restore as a success: say it here.
         raise Failed(f"FAILED: GPU state NOT restored (the restore of pid {root}'s tree is not "

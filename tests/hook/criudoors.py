@@ -47,6 +47,28 @@ def assert_back(env, a, b, value=42):
     assert values(b, "ipc") == [8] * 4, "legacy IPC sharing is not live"
     write(b, "ipc", 7)
     assert not state_files(env)
+    wait_no_holder(env)
+
+
+def wait_no_holder(env, timeout=20):
+    """Every holder has ended: a dump's once CRIU let go, a restore's once it answered post-resume
+    or CRIU ended without asking. A socket nobody listens on (a holder SIGKILLed) does not count."""
+    import socket
+    import time
+
+    def listening(name):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(os.path.join(env["run"], name))  # closed at once: the holder reads EOF
+                return True
+            except OSError:
+                return False
+
+    deadline = time.monotonic() + timeout
+    while holders := [n for n in os.listdir(env["run"])
+                      if n.startswith("holder-") and n.endswith(".sock") and listening(n)]:
+        assert time.monotonic() < deadline, f"holders stay: {holders}"
+        time.sleep(0.05)
 
 
 def state_files(env):

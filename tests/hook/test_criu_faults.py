@@ -19,7 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from shimtest import fake_only  # noqa: E402
 
 from criudoors import (HOOK, assert_back, cli, door_dump, door_restore, hook_argv, state_files, state_of,
-                       wait_gone)
+                       wait_gone, wait_no_holder)
 from criuwork import SockWorkload, reap
 from interrupts import paused, paused_env, tool_argv
 
@@ -199,6 +199,7 @@ def assert_absent(tree, env):
     for pid in (p.pid for p in tree):
         assert not alive(pid), f"pid {pid} is left half-restored"
     assert not state_files(env)
+    wait_no_holder(env)  # a hook restore's holder ends with CRIU
 
 
 @pytest.mark.parametrize("door", DOORS)

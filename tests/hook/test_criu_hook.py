@@ -84,3 +84,5 @@ def test_a_process_with_libcuda_loaded_but_no_gpu_state_dumps_and_restores(criu,
                               "-o", "restore.log", "-v4"], capture_output=True, text=True, timeout=120, env=env)
     assert restore.returncode == 0, (images / "restore.log").read_text()[-3000:]
     assert alive(pid)
+    run = tmp_path / "run"  # no GPU state: pre-restore starts no holder
+    assert not [n for n in (os.listdir(run) if run.exists() else []) if n.startswith("holder-restore-")]

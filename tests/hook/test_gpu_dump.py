@@ -93,6 +93,25 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
 
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_the_hooks_restore_holder_pins_the_ring_while_criu_restores(env, tree, tmp_path, criu):
+    """pre-restore starts a holder that checks and, with room to spare on the GPU, pins the load's
+    ring while CRIU restores; post-resume has it bring the GPU state back (no cuInit, no ring, no
+    chunk check left for post-resume's own process), and it ends with that."""
+    parent, a, b = tree
+    images = hook_dumped(criu, env, tree, tmp_path)
+    roomy = dict(env, tool=dict(env["tool"], FAKECUDA_MEM_MB="16384"))
+    r = criu_run(criu, roomy, ["restore", "-d"], images, "restore.log")
+    log = (images / "restore.log").read_text()
+    assert r.returncode == 0, log[-4000:]
+    assert "pre-restore: the load's ring is pinned while CRIU restores the processes" in log, log[-4000:]
+    a.wait_ready()
+    assert_back(env, a, b)  # the holder is gone too
+    logs = [open(os.path.join(env["run"], n)).read() for n in os.listdir(env["run"])
+            if n.startswith("holder-restore-") and n.endswith(".log")]
+    assert len(logs) == 1 and "load..." in logs[0] and "holder done" in logs[0], logs
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_hook_dump_leave_running_gives_the_gpu_state_back(env, tree, tmp_path, criu):
     parent, a, b = tree
     images, r = hook_dump(criu, env, parent, tmp_path, "--leave-running")
