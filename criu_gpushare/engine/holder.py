@@ -58,7 +58,8 @@ def _lines(conn):
 
 
 class NoHolder(ProcessError):
-    """No holder listens for `key`: it never started, or it has ended (nothing was asked of it)."""
+    """process {}: {}"""
+    # No holder listens for the key: it never started, or it has ended (nothing was asked of it).
 
 
 def ask(key, cmd, on_progress=print, **fields):
