@@ -103,6 +103,11 @@ class Work:
     def handle(self, cmd, fields, report):  # -> (result dict, keep_running: bool)
         raise NotImplementedError
 
+    def stays_after_failure(self, error):
+        """Whether the holder stays after a request failed (by default: a failed request
+        changes nothing)."""
+        return True
+
     def watched_fd(self):
         """An fd whose readiness means an event for `on_event` (None: requests only)."""
         return None
@@ -300,7 +305,7 @@ def _serve(work, listener):
             cmd = request.pop("cmd", "")
             reporter = _Reporter(lambda obj, c=conn: send_line(c, obj))
             final, keep = _run(lambda report: work.handle(cmd, request, report), reporter,
-                               lambda e: True)  # a failed request changes nothing: stay
+                               work.stays_after_failure)
             reporter.send(final)
             if not keep:
                 return

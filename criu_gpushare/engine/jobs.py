@@ -418,3 +418,8 @@ class _CriuRestoreWork(holder.Work):
             self.job.report = report
             return self.job.run(fields["root"]), False
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
+
+    def stays_after_failure(self, error):
+        # A failed restore is in its journal, which `resume` works from; staying would hold this
+        # context and ring for as long as CRIU runs (without -d, the life of the restored tree).
+        return False

@@ -83,6 +83,27 @@ def test_a_failed_request_keeps_the_holder_and_can_be_retried():
     assert holder.ask(6000, "resume", on_progress=lambda m: None)["ok"]
 
 
+class OneShotWork(FakeWork):
+    def stays_after_failure(self, error):
+        return False
+
+
+def test_a_work_that_does_not_stay_after_a_failure_ends_its_holder_with_it():
+    """The hook's restore holder: its failure is in the journal, for `resume`; it does not keep
+    its context and ring for as long as CRIU runs."""
+    assert holder.start(OneShotWork(6001, fail_resume_times=1), on_progress=lambda m: None)["ok"]
+    first = holder.ask(6001, "resume", on_progress=lambda m: None)
+    assert not first["ok"] and first["exit_code"] == Error.exit_code and "retry" in first["message"]
+    for _ in range(100):  # it ends right after its answer
+        try:
+            holder.ask(6001, "status", on_progress=lambda m: None)
+        except ProcessError:  # none listens, or it closed as this asked
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the holder stayed after its failed request")
+
+
 def test_asking_a_group_nobody_holds_is_a_clear_error():
     with pytest.raises(ProcessError, match="holder is gone"):
         holder.ask(7777, "resume")
