@@ -563,16 +563,51 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
     return True
 
 
-_HOOK_TOOK = re.compile(r"criu-gpushare-hook: ([a-z-]+): took (\d+(?:\.\d+)?) s")
+_HOOK_TOOK = re.compile(r"criu-gpushare-hook: ([a-z-]+): took (\d+(?:\.\d+)?) s"
+                        r"(?: \(program start (\d+(?:\.\d+)?) s, began (\d+(?:\.\d+)?) s after boot\))?")
+_HOOK_STEPS = re.compile(r"criu-gpushare-hook: ([a-z-]+): GPU state of \d+ process\(es\) (?:out|is back): (.*)$",
+                         re.MULTILINE)
+_STEP = re.compile(r"(\S.*?) (\d+\.\d+)(?= |$)")
 
 
-def hook_phases(log_text, wall_s):
-    """Where a hooked `criu dump` or `criu restore` spent wall_s: each hook action's own time (its
-    "took" line in CRIU's log) and what is left, CRIU's own work ("criu")."""
-    phases = {}
-    for action, secs in _HOOK_TOOK.findall(log_text):
-        phases[f"hook {action}"] = round(phases.get(f"hook {action}", 0.0) + float(secs), 3)
-    phases["criu"] = round(max(0.0, wall_s - sum(phases.values())), 3)
+def boot_clock():
+    """The clock the hook says its actions began on (CLOCK_BOOTTIME, seconds)."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def hook_phases(log_text, wall_s, began=None):
+    """Where a hooked `criu dump` or `criu restore` spent wall_s, from the lines the hook writes
+    into CRIU's log. With began (boot_clock() when CRIU was started) and a hook that says when each
+    action began: in order, CRIU's own time before each action ("criu before pre-restore": for a
+    restore, the window between post-restore and post-resume is "criu before post-resume"), each
+    action split into its program start, its steps (pre-dump's and post-resume's `GPU state ...`
+    line) and the rest ("post-resume: other": asking the holder, its reply), and "criu after" the
+    last action. Otherwise each action's own time ("hook ACTION") and CRIU's, all of the rest."""
+    took = _HOOK_TOOK.findall(log_text)
+    if began is None or not took or any(not b for *_, b in took):
+        phases = {}
+        for action, secs, *_ in took:
+            phases[f"hook {action}"] = round(phases.get(f"hook {action}", 0.0) + float(secs), 3)
+        phases["criu"] = round(max(0.0, wall_s - sum(phases.values())), 3)
+        return phases
+    steps = {}
+    for action, line in _HOOK_STEPS.findall(log_text):
+        steps.setdefault(action, []).extend((name, float(v)) for name, v in _STEP.findall(line))
+    phases, at, last = {}, 0.0, None
+
+    def add(name, secs):
+        phases[name] = round(phases.get(name, 0.0) + max(0.0, secs), 3)
+
+    for action, secs, start, action_began in sorted(took, key=lambda t: float(t[3])):
+        offset = float(action_began) - began
+        add(f"criu before {action}", offset - at)
+        add(f"{action}: start", float(start))
+        inner = [(n, v) for n, v in steps.pop(action, []) if v >= 0.005]
+        for name, v in inner:
+            add(f"{action}: {name}", v)
+        add(f"{action}: other", float(secs) - float(start) - sum(v for _, v in inner))
+        at, last = max(at, offset + float(secs)), action
+    add(f"criu after {last}", wall_s - at)
     return phases
 
 
@@ -588,7 +623,7 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
             ("out", ["dump", "-t", str(wl.pids[0]), "--link-remap"], "dump.log"),
             ("back", ["restore", "-d"], "restore.log")):
         cmd = [criu, *argv, "-D", images, "--action-script", hook, "-o", log]
-        t0 = time.monotonic()
+        t0, began = time.monotonic(), boot_clock()
         try:
             r = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                                timeout=timeout)
@@ -606,7 +641,7 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
             row.status = f"fails: criu {argv[0]} exit {rc}: {' | '.join(said)}"[:300]
             return False
         setattr(row, f"{way}_s", wall)
-        setattr(row, f"{way}_phases", hook_phases(text, wall))
+        setattr(row, f"{way}_phases", hook_phases(text, wall, began))
         if way == "out":
             from criu_gpushare.criu.images import image_bytes
             row.extra["image_bytes"] = image_bytes(images)

@@ -180,6 +180,28 @@ def test_hook_phases_split_a_hooked_criu_run_into_the_hooks_share_and_criu_s():
            "criu-gpushare-hook: post-dump: took 0.010 s (program start 0.010 s)\n")
     phases = bl.hook_phases(log, 1.0)
     assert phases == {"hook pre-dump": 0.265, "hook post-dump": 0.175, "criu": 0.56}
+    # a hook that does not say when its actions began: the same, whatever the bench's clock said
+    assert bl.hook_phases(log, 1.0, began=100.0) == phases
+
+
+def test_hook_phases_lay_a_hooked_restore_out_in_order_with_the_steps_of_post_resume():
+    """The restore's timeline from the hook's lines (CRIU started at 100.0 s on the boot clock):
+    CRIU's time between the actions, each action's start, its steps and the rest, adding up to the
+    whole restore; steps under 5 ms are left out (they go to "other")."""
+    log = ("criu-gpushare-hook: pre-restore: took 0.500 s (program start 0.100 s, began 100.200 s after boot)\n"
+           "(00.9) restoring tasks\n"
+           "criu-gpushare-hook: post-restore: took 0.200 s (program start 0.100 s, began 101.500 s after boot)\n"
+           "criu-gpushare-hook: post-resume: GPU state of 2 process(es) is back: check (pids, journal) 0.00 "
+           "restore 0.25 unlock 0.00 load 1.40 holder or journal (start, ask, reply) 0.02\n"
+           "criu-gpushare-hook: post-resume: took 2.000 s (program start 0.150 s, began 101.900 s after boot)\n")
+    phases = bl.hook_phases(log, 4.0, began=100.0)
+    assert phases == {
+        "criu before pre-restore": 0.2, "pre-restore: start": 0.1, "pre-restore: other": 0.4,
+        "criu before post-restore": 0.8, "post-restore: start": 0.1, "post-restore: other": 0.1,
+        "criu before post-resume": 0.2, "post-resume: start": 0.15, "post-resume: restore": 0.25,
+        "post-resume: load": 1.4, "post-resume: holder or journal (start, ask, reply)": 0.02,
+        "post-resume: other": 0.18, "criu after post-resume": 0.1}
+    assert abs(sum(phases.values()) - 4.0) < 1e-6
 
 
 class _PlainWorkload:
@@ -226,9 +248,15 @@ def test_hook_cycle_dumps_and_restores_through_criu_and_the_hook(criu, tmp_path)
         ok = bl.hook_cycle(row, wl, str(images), env, 120)
         assert ok, row.status
         assert row.check == "ok" and row.out_s > 0 and row.back_s > 0
-        for phases, action in ((row.out_phases, "hook pre-dump"), (row.back_phases, "hook pre-restore")):
-            assert action in phases and "criu" in phases, phases
-            assert abs(sum(phases.values()) - (row.out_s if phases is row.out_phases else row.back_s)) < 0.01
+        # Each way in order: CRIU's time before and after each action, each action's own parts.
+        for phases, actions in ((row.out_phases, ["pre-dump", "post-dump"]),
+                                (row.back_phases, ["pre-restore", "post-restore", "post-resume"])):
+            assert [k.split(": ")[0] for k in phases if k.endswith(": start")] == actions, phases
+            assert list(phases)[0] == f"criu before {actions[0]}", phases
+            assert list(phases)[-1] == f"criu after {actions[-1]}", phases
+            # within the boot clock's tick (10 ms) at each action's start
+            wall = row.out_s if phases is row.out_phases else row.back_s
+            assert abs(sum(phases.values()) - wall) < 0.01 * (len(actions) + 1), (phases, wall)
     finally:
         wl.kill()
         bl.reap_children()

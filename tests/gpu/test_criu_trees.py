@@ -73,8 +73,8 @@ class Tree:
         assert back.returncode == 0, back.tail(40)
         assert "GPU state NOT restored" not in back.log, back.tail(40)
         self._after(images, dump.secs, back.secs, "hook",
-                    out_parts=_parts(bl.hook_phases(dump.log, dump.secs)),
-                    back_parts=_parts(bl.hook_phases(back.log, back.secs)))
+                    out_parts=_parts(bl.hook_phases(dump.log, dump.secs, dump.began)),
+                    back_parts=_parts(bl.hook_phases(back.log, back.secs, back.began)))
 
     def _after(self, images, out_s, back_s, door, **parts):
         check = self.wl.verify()

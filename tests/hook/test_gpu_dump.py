@@ -10,17 +10,20 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shim"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
+import benchlib as bl  # noqa: E402  (how the bench reads a hooked CRIU run's log)
 from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
 from criudoors import (HOOK, assert_back, assert_nothing_restored, cli, criu_run, dumped, hook_dump,
                        hook_dumped, state_of, wait_gone)
 from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
 from interrupts import interrupt, paused_env, wait_until
-from phasecheck import assert_phases_cover, timed_cli
+from phasecheck import TICK_S, assert_phases_cover, timed_cli
 from criu_gpushare import waits
 from criu_gpushare.engine.record import RECORD_NAME
 from criu_gpushare.errors import NoAnswer
@@ -78,7 +81,9 @@ def test_wrapper_dump_leave_running(env, tree, tmp_path):
 def test_hook_dump_then_restore(env, tree, tmp_path, criu):
     parent, a, b = tree
     images = hook_dumped(criu, env, tree, tmp_path, "-v4")
+    t0, began = time.monotonic(), time.clock_gettime(time.CLOCK_BOOTTIME)
     r = criu_run(criu, env, ["restore", "-d", "-v4"], images, "restore.log")
+    wall = time.monotonic() - t0
     assert r.returncode == 0, (images / "restore.log").read_text()[-4000:]
     a.wait_ready()
     assert_back(env, a, b)
@@ -90,6 +95,16 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
             assert re.search(rf"criu-gpushare-hook: {action}: took \d+\.\d+ s \(program start", log), action
     assert re.search(r"pre-dump: GPU state of 3 process\(es\) out: .*save \d", dumped), dumped[-3000:]
     assert re.search(r"post-resume: GPU state of 3 process\(es\) is back: .*load \d", restored)
+    # the bench lays that out in order, CRIU's share between the actions included, adding up to
+    # the restore seen from here (within a clock tick at the start of each of the three actions)
+    phases = bl.hook_phases(restored, wall, began)
+    assert ["criu before pre-restore", "criu before post-restore", "criu before post-resume",
+            "criu after post-resume"] == [k for k in phases if k.startswith("criu ")], phases
+    took = float(re.search(r"post-resume: took (\d+\.\d+) s", restored).group(1))
+    own = {k: v for k, v in phases.items() if k.startswith("post-resume: ")}
+    assert {"post-resume: start", "post-resume: other"} <= set(own), phases
+    assert abs(sum(own.values()) - took) < 0.005, (own, took)  # its steps (here mostly < 5 ms) inside
+    assert abs(sum(phases.values()) - wall) <= 4 * TICK_S, (phases, wall)
 
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
