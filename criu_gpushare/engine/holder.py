@@ -62,6 +62,12 @@ class NoHolder(ProcessError):
     # No holder listens for the key: it never started, or it has ended (nothing was asked of it).
 
 
+def criu_restore_key(criu_pid):
+    """The key of the holder that the hook's pre-restore starts for the CRIU restore run by
+    criu_pid, and that its post-resume asks (engine/jobs.py)."""
+    return f"restore-{criu_pid}"
+
+
 def ask(key, cmd, on_progress=print, **fields):
     """Send a command to the holder of group `key`; relay progress; return the final object.
     NoHolder when none listens; ProcessError when it closes without an answer (the caller then

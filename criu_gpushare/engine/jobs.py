@@ -26,7 +26,7 @@ from ..errors import Cancelled, Error, Interrupted, ProcessError
 from ..gpu.devices import parse_gpu_map
 from ..shimctl.processes import process_tree, uses_cuda
 from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
-               statedir, suspension)
+               suspension)
 from .steps import Options
 
 
@@ -204,15 +204,6 @@ class Dump:
         -> the holder's final object."""
         return holder.start(_CriuDumpWork(self.job, criu_pid), on_progress=report)
 
-    @staticmethod
-    def complete(pid, report):
-        """The hook's post-dump: the holder of pid's dump makes the store durable; -> its final
-        object, or None when no dump of ours holds pid."""
-        journal = jn.owner_of(pid)
-        if journal is None or journal.kind != "dump":
-            return None
-        return holder.ask(journal.key, "post-dump", on_progress=report)
-
 
 class _CriuDumpWork(holder.Work):
     """The holder of one CRIU dump run by the hook: its GPU steps, then a watch on the CRIU
@@ -341,19 +332,6 @@ class Restore:
         wrapper's restore. -> the holder's final object."""
         return holder.start(_CriuRestoreWork(self, criu_pid), on_progress=report)
 
-    @staticmethod
-    def run_hooked(state, criu_pid, report):
-        """The hook's post-resume: the GPU state of the restored tree back, by the holder that
-        pre-restore started, or here from the state post-restore saved where none listens (a
-        CRIU whose pre-restore ran another program, or a holder that died before being asked).
-        -> the summary."""
-        try:
-            final = holder.ask(_CriuRestoreWork.key_of(criu_pid), "post-resume", on_progress=report,
-                               root=state["root"])
-        except holder.NoHolder:
-            return Restore.run_saved(state, state["root"], report)
-        return holder.outcome(final)
-
     def warm_cache(self):
         """The hook's pre-restore: the node cache filled with what the restore will read; -> the
         number of chunks fetched, or None without a cache."""
@@ -362,18 +340,17 @@ class Restore:
         return restore.warm_cache(self.record, self.store, self.settings.cache,
                                   self.settings.cache_limit).fetched
 
-    def save(self, name, root):
-        """Kept from the hook's post-restore to its post-resume (another process; CRIU has closed
-        the image directory by then): the record, the options whole and the restored root. Not
-        at pre-restore: CRIU runs no action when it fails in between (a pid taken, a damaged
-        image), and a state file written earlier would outlive that restore."""
-        statedir.write_json(name, {"record": self.record, "images_dir": self.images_dir,
-                                   "options": self.options().stored(), "root": root})
-
     @staticmethod
-    def run_saved(state, root, report):
-        """The hook's post-resume: the GPU state of root's tree back as saved; -> the summary."""
-        return restore.run(state["record"], root, Options.from_stored(state), report=report)
+    def run_saved(state, report):
+        """The hook's post-resume where no holder listens (a CRIU whose pre-restore ran another
+        program, or a holder that died before being asked): the GPU state of the restored tree
+        back from the image, in this process. state: what post-restore kept, {"images_dir": its
+        real path (CRIU has closed its own by post-resume), "root": the restored root}. -> the
+        summary, or None when the image holds no GPU state."""
+        job = Restore(state["images_dir"], load_settings(), report)
+        if not job.read_record():
+            return None
+        return job.run(state["root"])
 
 
 class _CriuRestoreWork(holder.Work):
@@ -384,12 +361,8 @@ class _CriuRestoreWork(holder.Work):
 
     def __init__(self, job, criu_pid):
         self.job, self.criu_pid = job, criu_pid
-        self.key = self.key_of(criu_pid)
+        self.key = holder.criu_restore_key(criu_pid)
         self.criu_fd = None
-
-    @staticmethod
-    def key_of(criu_pid):
-        return f"restore-{criu_pid}"
 
     def begin(self, report):
         self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway

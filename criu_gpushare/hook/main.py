@@ -9,16 +9,19 @@ Between actions, state lives in the tool's private state directory: the dump's j
 holder that pre-dump starts, which watches CRIU and gives running tasks their GPU state back once
 CRIU lets go of them); for a restore, the holder that pre-restore starts (it checks, pins the
 load's ring while CRIU restores, and does post-resume's GPU side) and `restore-<criu pid>.json`
-from post-restore to post-resume (CRIU has closed the image directory by post-resume).
+from post-restore to post-resume (the image's real path and the restored root: CRIU has closed its
+own path to the image by post-resume).
 """
 import os
 import sys
 import time
 
-from ..engine import dump as dump_engine, jobs, statedir
+# What post-dump, post-restore and post-resume need, and no more: CRIU runs them while the tree
+# waits, so they ask the holder that pre-dump or pre-restore started and import the jobs (the
+# engine, the store, CRIU's bindings: most of a start) only where none listens.
+from ..engine import holder, journal, record as image_record, statedir
 from ..errors import EXIT_BUG, Error, Failed, ProcessError
 from ..procfs import seconds_since_start
-from ..shimctl.processes import v1_freezer_cgroup
 
 PREFIX = "criu-gpushare-hook"
 
@@ -64,6 +67,7 @@ def _refuse_v1_freezer(pids):
     container's cgroup v1 freezer (runc's checkpoint does) then hangs for good: the kernel's ptrace
     attach to a stopped task waits for it to run, and a frozen task never does (measured with runc
     1.1.5 and a SIGSTOPped container process, without the hook). Refused before anything changes."""
+    from ..shimctl.processes import v1_freezer_cgroup
     for pid in pids:
         cgroup = v1_freezer_cgroup(pid)
         if cgroup is not None:
@@ -74,6 +78,7 @@ def _refuse_v1_freezer(pids):
 
 
 def pre_dump(action):
+    from ..engine import dump as dump_engine, jobs
     root = _init_pid()
     pids = dump_engine.cuda_pids(root)
     if not pids:
@@ -89,7 +94,12 @@ def pre_dump(action):
 
 
 def post_dump(action):
-    _outcome(jobs.Dump.complete(_init_pid(), report=lambda m: _say(action, m)),
+    """The holder of this tree's dump makes the store durable; nothing when no dump of ours holds
+    the tree."""
+    owner = journal.owner_of(_init_pid())
+    if owner is None or owner.kind != "dump":
+        return 0
+    _outcome(holder.ask(owner.key, "post-dump", on_progress=lambda m: _say(action, m)),
              "CRIU fails the dump and leaves the tasks running")
     return 0
 
@@ -102,6 +112,7 @@ def _restore_state():
 
 
 def pre_restore(action):
+    from ..engine import jobs
     job = jobs.Restore(_images_dir(), jobs.load_settings())
     if not job.has_gpu_state():
         return 0  # nothing of ours in this image: no holder
@@ -113,13 +124,28 @@ def pre_restore(action):
 
 
 def post_restore(action):
-    """The tasks are restored: what post-resume needs goes into the state dir now, not at
-    pre-restore, since CRIU runs no action when it fails in between (a pid taken, a damaged image)
-    and a state file written earlier would outlive that restore."""
-    job = jobs.Restore(_images_dir(), jobs.load_settings(), report=lambda m: _say(action, m))
-    if job.read_record():
-        job.save(_restore_state(), root=_init_pid())
+    """The tasks are restored: where post-resume finds the image (CRIU has closed its own path
+    by then) and the root go into the state dir now, not at pre-restore, since CRIU runs no
+    action when it fails in between (a pid taken, a damaged image) and a state file written
+    earlier would outlive that restore. Only for an image with our record; the record itself is
+    read by the holder, or by post-resume where none listens."""
+    images_dir = _images_dir()
+    if os.path.exists(os.path.join(images_dir, image_record.RECORD_NAME)):
+        statedir.write_json(_restore_state(), {"images_dir": images_dir, "root": _init_pid()})
     return 0
+
+
+def _gpu_state_back(state, report):
+    """By the holder that pre-restore started (its context, ring and checked manifest ready), or
+    here from the image where none listens (a CRIU whose pre-restore ran another program, a holder
+    that died before being asked). -> the summary; None when the image holds no GPU state."""
+    try:
+        final = holder.ask(holder.criu_restore_key(_criu_pid()), "post-resume", on_progress=report,
+                           root=state["root"])
+    except holder.NoHolder:
+        from ..engine import jobs
+        return jobs.Restore.run_saved(state, report)
+    return holder.outcome(final)
 
 
 def post_resume(action):
@@ -129,13 +155,14 @@ def post_resume(action):
     statedir.remove(_restore_state())
     root = state["root"]
     try:
-        summary = jobs.Restore.run_hooked(state, _criu_pid(), report=lambda m: _say(action, m))
+        summary = _gpu_state_back(state, report=lambda m: _say(action, m))
     except Error as e:
         # CRIU only logs post-resume's exit and reports the restore as a success: say it here.
         raise Failed(f"FAILED: GPU state NOT restored (the restore of pid {root}'s tree is not "
                      f"complete, whatever CRIU reports): {e}. `criu-gpushare status {root}` shows "
                      f"it; fix the cause, then `criu-gpushare resume {root}`", e.exit_code) from e
-    _say(action, f"GPU state of {len(summary['pids'])} process(es) is back: {_phases(summary['phases'])}")
+    if summary is not None:
+        _say(action, f"GPU state of {len(summary['pids'])} process(es) is back: {_phases(summary['phases'])}")
     return 0
 
 

@@ -81,25 +81,3 @@ def test_nothing_under_engine_exits_the_process():
             text = open(os.path.join(engine, name)).read().split('\nif __name__ == "__main__":')[0]
             found += [f"{name}: {m.group(0)}" for m in re.finditer(r"\bsys\.exit\b|\bexit\(", text)]
     assert not found, found
-
-
-def test_the_hooks_post_resume_works_from_the_saved_state_when_no_restore_holder_listens(
-        tmp_path, monkeypatch):
-    """A CRIU whose pre-restore ran another program (or whose holder died before being asked):
-    post-resume brings the GPU state back itself, from what post-restore saved; with a holder,
-    the holder does it and its failure is the command's."""
-    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(tmp_path))
-    ran = []
-    monkeypatch.setattr(jobs.Restore, "run_saved", staticmethod(
-        lambda state, root, report: ran.append(root) or {"pids": [root]}))
-    state = {"root": 4242, "record": {}, "options": {}}
-    assert jobs.Restore.run_hooked(state, 999999, print) == {"pids": [4242]}
-    assert ran == [4242]
-
-    asked = []
-    monkeypatch.setattr(jobs.holder, "ask", lambda key, cmd, on_progress, **fields: asked.append(
-        (key, cmd, fields)) or {"ok": False, "message": "load failed", "exit_code": 15})
-    with pytest.raises(jobs.holder.Failed) as e:
-        jobs.Restore.run_hooked(state, 999999, print)
-    assert asked == [("restore-999999", "post-resume", {"root": 4242})] and ran == [4242]
-    assert e.value.exit_code == 15 and "load failed" in str(e.value)

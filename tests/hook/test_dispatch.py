@@ -106,3 +106,57 @@ def test_pre_dump_fails_closed_when_it_cannot_see_a_process():
         os.waitpid(child, 0)
         p.kill()
     assert got.startswith("ProcessError") and "permission denied" in got, got
+
+
+def test_post_resume_asks_the_restore_holder_or_works_from_the_image_where_none_listens(
+        tmp_path, monkeypatch):
+    """A CRIU whose pre-restore ran another program (or whose holder died before being asked):
+    post-resume brings the GPU state back itself, from the image post-restore named; with a
+    holder, the holder does it, and its failure is the action's, saying how to finish."""
+    from criu_gpushare.engine import holder, jobs, statedir
+    from criu_gpushare.errors import Failed
+    from criu_gpushare.hook import main as hook
+    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(tmp_path))
+    monkeypatch.setattr(hook, "_criu_pid", lambda: 999999)
+    ran = []
+    monkeypatch.setattr(jobs.Restore, "run_saved", staticmethod(
+        lambda state, report: ran.append(state) or {"pids": [state["root"]], "phases": {}}))
+    state = {"images_dir": str(tmp_path / "images"), "root": 4242}
+    statedir.write_json("restore-999999.json", state)
+    assert hook.post_resume("post-resume") == 0
+    assert ran == [state] and statedir.read_json("restore-999999.json") is None
+
+    asked = []
+    monkeypatch.setattr(holder, "ask", lambda key, cmd, on_progress, **fields: asked.append(
+        (key, cmd, fields)) or {"ok": False, "message": "load failed", "exit_code": 15})
+    statedir.write_json("restore-999999.json", state)
+    with pytest.raises(Failed) as e:
+        hook.post_resume("post-resume")
+    assert asked == [("restore-999999", "post-resume", {"root": 4242})] and len(ran) == 1
+    assert e.value.exit_code == 15 and "load failed" in str(e.value)
+    assert "criu-gpushare resume 4242" in str(e.value)
+
+
+def test_post_restore_and_a_post_resume_a_holder_serves_import_none_of_the_jobs(tmp_path):
+    """Both run while the restored tree waits: where the holder has the work, they import neither
+    the jobs nor the store, CRIU's bindings or the driver's (each is most of a start)."""
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "criu-gpushare.json").write_text("{}")  # post-restore only looks for it
+    probe = f"""
+import os, sys
+os.environ.update(CRTOOLS_SCRIPT_ACTION="post-restore", CRTOOLS_IMAGE_DIR={str(images)!r},
+                  CRTOOLS_INIT_PID="4242", CRIU_GPUSHARE_RUN_DIR={str(tmp_path / "run")!r})
+from criu_gpushare.hook.entry import main
+assert main() == 0
+from criu_gpushare.engine import holder
+holder.ask = lambda key, cmd, on_progress, **f: {{"ok": True, "result": {{"pids": [f["root"]], "phases": {{"load": 1.0}}}}}}
+os.environ["CRTOOLS_SCRIPT_ACTION"] = "post-resume"
+assert main() == 0
+print(sorted(m for m in sys.modules if m.startswith(("criu_gpushare.engine.jobs", "criu_gpushare.store",
+             "criu_gpushare.criu", "criu_gpushare.gpu", "criu_gpushare.shimctl", "cuda", "psutil"))))
+"""
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[]\n", r.stdout
+    assert "post-resume: GPU state of 1 process(es) is back: load 1.00" in r.stderr, r.stderr

@@ -127,6 +127,28 @@ def test_the_hooks_restore_holder_pins_the_ring_while_criu_restores(env, tree, t
 
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_a_hooked_restore_without_its_holder_brings_the_gpu_state_back_from_the_image(
+        env, tree, tmp_path, criu):
+    """CRIU's pre-restore runs another program than the hook (here: a script that skips it), so
+    no holder serves the restore: post-resume reads the image post-restore named and brings the
+    GPU state back in its own process."""
+    parent, a, b = tree
+    images = hook_dumped(criu, env, tree, tmp_path)
+    script = tmp_path / "all-but-pre-restore"
+    script.write_text(f'#!/bin/sh\n[ "$CRTOOLS_SCRIPT_ACTION" = pre-restore ] && exit 0\nexec {HOOK}\n')
+    script.chmod(0o755)
+    r = subprocess.run([criu, "restore", "-d", "-D", str(images), "--action-script", str(script),
+                        "-o", "restore.log"], env=env["tool"], capture_output=True, text=True, timeout=180)
+    log = (images / "restore.log").read_text()
+    assert r.returncode == 0, log[-4000:]
+    assert "pre-restore: took" not in log and "post-resume: GPU state of 3 process(es) is back" in log, log[-4000:]
+    a.wait_ready()
+    assert_back(env, a, b)
+    assert not [n for n in os.listdir(env["run"]) if n.startswith(("holder-restore-", "restore-"))
+                and not n.endswith(".log")], os.listdir(env["run"])
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_hook_dump_leave_running_gives_the_gpu_state_back(env, tree, tmp_path, criu):
     parent, a, b = tree
     images, r = hook_dump(criu, env, parent, tmp_path, "--leave-running")
