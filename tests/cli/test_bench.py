@@ -27,6 +27,17 @@ def test_self_test_prints_a_table_and_writes_json(script, tmp_path):
     assert doc["rows"] and all("out_gbps" in row for row in doc["rows"])
 
 
+def test_startup_bench_times_every_case():
+    """bench/startup_bench.py runs each entry point it names to a clean exit (it stops at the
+    first that fails), the hook's post-restore and post-resume included."""
+    r = subprocess.run([sys.executable, str(BENCH / "startup_bench.py"), "--runs", "1", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    results = json.loads(r.stdout)
+    assert set(results) == {"python", "cli-help", "hook-skip", "post-restore", "post-resume", "status"}
+    assert all(case["median_ms"] > 0 for case in results.values()), results
+
+
 WORKLOADS = sorted(p.name for p in (BENCH / "workloads").glob("*.py") if p.name != "wlcommon.py")
 
 
