@@ -187,6 +187,7 @@ class Dump:
                             "before") from None
         finally:
             watch.stand_down()
+        clock.mark("dump watch stand-down")  # it waits for the watch to end, which may still be starting
         if interrupt.requested():
             raise Interrupted(f"the interrupt came once the dump was done: {images_dir} holds it"
                               + ("" if options.leave_running else " and the tree has ended"))
