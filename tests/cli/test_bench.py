@@ -38,6 +38,19 @@ def test_startup_bench_times_every_case():
     assert all(case["median_ms"] > 0 for case in results.values()), results
 
 
+def test_write_paths_bench_measures_each_way_of_writing_a_chunk(tmp_path):
+    """bench/write_paths_bench.py: every way, at 1 and N threads, in each directory given; it
+    leaves nothing behind."""
+    r = subprocess.run([sys.executable, str(BENCH / "write_paths_bench.py"), "--dir", str(tmp_path),
+                        "--size", "128M", "--threads", "2", "--repeat", "1", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert [(row["dir"], row["threads"]) for row in rows] == [(str(tmp_path), 1), (str(tmp_path), 2)]
+    assert all(row[w] > 0 for row in rows for w in ("write", "hash, write", "hash as written")), rows
+    assert list(tmp_path.iterdir()) == []
+
+
 WORKLOADS = sorted(p.name for p in (BENCH / "workloads").glob("*.py") if p.name != "wlcommon.py")
 
 

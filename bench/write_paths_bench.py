@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""How a saved chunk gets into a file system: the ways to write it, side by side, in GB/s.
+
+    python3 bench/write_paths_bench.py                          # /dev/shm, 1 and N threads
+    python3 bench/write_paths_bench.py --huge-tmpfs --size 16G  # also a tmpfs with huge pages (root)
+    python3 bench/write_paths_bench.py --dir /dev/shm --dir /var/tmp --json
+
+A save (engine/steps.py, gpu/copy_engine.py) copies each 64 MiB chunk from the GPU into a pinned
+host buffer, then a worker thread puts it: Store.put hashes the whole chunk (xxh3-128, its name and
+the check against the GPU's id), then writes it to a new file. On tmpfs that write allocates and
+fills every page of the file, and it bounds a cold dump (bench/RESULTS.md). This bench measures,
+per directory and thread count, from one page-aligned buffer per thread (as the pinned ring):
+
+  write            the write alone: the file system's own rate for this pattern
+  hash, write      xxh3-128 of the whole chunk, then the write (what Store.put does)
+  hash as written  in 1 MiB pieces, each hashed then written while still in the CPU's cache
+                   (the chunk read from memory once instead of twice)
+
+Buffered writes, no fsync (tmpfs needs none; on a disk the figures are the page cache's). With
+--huge-tmpfs (root) it mounts a tmpfs with huge=always for the run, so the plain and the huge-page
+tmpfs are measured side by side. No GPU needed.
+"""
+import argparse
+import json
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import xxhash
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from criu_gpushare.config import parse_size  # noqa: E402
+
+CHUNK = 64 << 20
+PIECE = 1 << 20
+
+
+def _write_whole(fd, view):
+    done = 0
+    while done < len(view):
+        done += os.write(fd, view[done:])
+
+
+def write_only(fd, view):
+    _write_whole(fd, view)
+
+
+def hash_then_write(fd, view):
+    xxhash.xxh3_128_digest(view)
+    _write_whole(fd, view)
+
+
+def hash_as_written(fd, view):
+    h = xxhash.xxh3_128()
+    for off in range(0, len(view), PIECE):
+        piece = view[off:off + PIECE]
+        h.update(piece)
+        _write_whole(fd, piece)
+    h.digest()
+
+
+WAYS = {"write": write_only, "hash, write": hash_then_write, "hash as written": hash_as_written}
+
+
+def run_case(directory, way, size, threads, buffers):
+    """GB/s of writing size bytes as CHUNK files into a fresh directory under `directory`."""
+    n = max(threads, size // CHUNK)
+    work = tempfile.mkdtemp(prefix="write-paths-", dir=directory)
+
+    def job(t):
+        buf = buffers[t]
+        view = memoryview(buf)
+        for i in range(t, n, threads):
+            buf[:8] = struct.pack("<Q", i)  # a distinct chunk, as each chunk of a save is
+            fd = os.open(os.path.join(work, f"{i:06d}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                way(fd, view)
+            finally:
+                os.close(fd)
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            for f in [pool.submit(job, t) for t in range(threads)]:
+                f.result()
+        return n * CHUNK / (time.perf_counter() - t0) / 1e9
+    finally:
+        for name in os.listdir(work):
+            os.unlink(os.path.join(work, name))
+        os.rmdir(work)
+
+
+def mount_huge_tmpfs(size):
+    """A tmpfs with huge=always, mounted on a new directory; -> its path."""
+    path = tempfile.mkdtemp(prefix="write-paths-huge.")
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},huge=always,mode=0700", "tmpfs", path],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        os.rmdir(path)
+        raise SystemExit(f"write_paths_bench: cannot mount a huge-page tmpfs (root needed): {r.stderr.strip()}")
+    return path
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", action="append", help="a directory to write in (repeatable; default /dev/shm)")
+    ap.add_argument("--huge-tmpfs", action="store_true", help="also a tmpfs mounted with huge=always (root)")
+    ap.add_argument("--size", default="4G", help="bytes per case (default 4G)")
+    ap.add_argument("--threads", type=int, default=min(16, os.cpu_count() or 1),
+                    help="the N of the multi-thread cases (default: CPUs, at most 16, as the copy engine)")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per case, the best reported (default 2)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    size = parse_size(args.size, "--size")
+    dirs = [(d, d) for d in (args.dir or ["/dev/shm"])]
+    huge = mount_huge_tmpfs(max(size, CHUNK * args.threads) + (1 << 30)) if args.huge_tmpfs else None
+    if huge:
+        dirs.append(("tmpfs huge=always", huge))
+    thread_counts = sorted({1, args.threads})
+    buffers = []
+    for t in range(max(thread_counts)):
+        buf = mmap.mmap(-1, CHUNK)  # page-aligned, as a pinned buffer
+        buf[:] = os.urandom(1 << 20) * (CHUNK >> 20)
+        buffers.append(buf)
+    rows = []
+    try:
+        for label, directory in dirs:
+            run_case(directory, write_only, size, max(thread_counts), buffers)  # warm-up, untimed
+            for threads in thread_counts:
+                row = {"dir": label, "threads": threads}
+                for name, way in WAYS.items():
+                    row[name] = round(max(run_case(directory, way, size, threads, buffers)
+                                          for _ in range(max(1, args.repeat))), 2)
+                rows.append(row)
+    finally:
+        if huge:
+            subprocess.run(["umount", huge], check=False)
+            os.rmdir(huge)
+    if args.json:
+        print(json.dumps({"size": size, "chunk": CHUNK, "piece": PIECE, "rows": rows}, indent=2))
+        return 0
+    print(f"writing {size / 2**30:.1f} GiB as {CHUNK >> 20} MiB chunk files, GB/s, best of {args.repeat}")
+    print(f"{'directory':<22} {'threads':>7} " + " ".join(f"{w:>16}" for w in WAYS))
+    for r in rows:
+        print(f"{r['dir']:<22} {r['threads']:>7} " + " ".join(f"{r[w]:>16.2f}" for w in WAYS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
