@@ -28,8 +28,8 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
   criu-hook  with --criu, tmpfs store: `criu dump` / `criu restore -d` with criu-gpushare-hook
   criu-cold  with --criu, disk store only: the same, the page cache dropped (sync, drop_caches;
              root) between the dump and the restore, so the restore reads the device
-Stores: tmpfs (--tmpfs, /dev/shm) and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the
-repository); the disk's own O_DIRECT write/read rate is measured in the same run, and each row's
+Stores: tmpfs (--tmpfs, /dev/shm), with --huge-tmpfs also a tmpfs of huge pages mounted for the
+run (root), and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the repository); the disk's own O_DIRECT write/read rate is measured in the same run, and each row's
 GB/s is printed as a share of it (out against its write rate, back against its read rate). With
 --s3, also an s3:// store on a SeaweedFS server this run starts on 127.0.0.1 (tests/s3server.py;
 `weed` on PATH or next to this Python, boto3 installed), its data under --disk (whose own rate
@@ -84,6 +84,9 @@ def parse_args(argv=None):
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--disk", default=os.environ.get("BENCH_DISK_DIR") or os.path.join(bl.REPO, ".bench-disk"))
     ap.add_argument("--no-disk", action="store_true", help="only the tmpfs store")
+    ap.add_argument("--huge-tmpfs", action="store_true",
+                    help="also a store on a tmpfs this run mounts with huge=always (root): "
+                         "its rows' store is tmpfs-huge")
     ap.add_argument("--s3", action="store_true", help="also an s3:// store on a loopback SeaweedFS server")
     ap.add_argument("--disk-rate-gib", type=float, default=8.0, help="bytes for the disk's own rate (scaled, min 1)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
@@ -106,6 +109,9 @@ class Bench:
         os.mkdir(self.run_dir, 0o700)
         self.env = bl.tool_env(self.run_dir)
         self.targets = [("tmpfs", os.path.join(self.work, "stores"))]
+        self.huge = bl.mount_huge_tmpfs() if args.huge_tmpfs else None
+        if self.huge:
+            self.targets.append(("tmpfs-huge", self.huge))
         if not args.no_disk:
             os.makedirs(args.disk, exist_ok=True)
             self.targets.append(("disk", tempfile.mkdtemp(prefix="stores.", dir=args.disk)))
@@ -272,7 +278,7 @@ class Bench:
         store = self.fresh_store(tdir, f"store-{name}")
         # CRIU writes its images to a directory: for an s3:// store, beside the tmpfs store
         images = os.path.join(tdir if target != "s3" else self.targets[0][1], f"images-{name}")
-        cycles = [row] + ([Row(name, "criu-warm", target, wl.bytes)] if path == "criu" and target == "tmpfs" else [])
+        cycles = [row] + ([Row(name, "criu-warm", target, wl.bytes)] if path == "criu" and target.startswith("tmpfs") else [])
         try:
             for row in cycles:
                 wl = self.ensure(wl, name, spec)
@@ -317,7 +323,10 @@ class Bench:
             self.s3.close()
         shutil.rmtree(self.work, ignore_errors=True)
         for target, tdir in self.targets[1:]:
-            shutil.rmtree(tdir, ignore_errors=True)
+            if tdir == self.huge:
+                bl.unmount(tdir)
+            else:
+                shutil.rmtree(tdir, ignore_errors=True)
 
 
 def _made(d):

@@ -25,7 +25,6 @@ import json
 import mmap
 import os
 import struct
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 import xxhash
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib as bl  # noqa: E402
 from criu_gpushare.config import parse_size  # noqa: E402
 
 CHUNK = 64 << 20
@@ -94,17 +95,6 @@ def run_case(directory, way, size, threads, buffers):
         os.rmdir(work)
 
 
-def mount_huge_tmpfs(size):
-    """A tmpfs with huge=always, mounted on a new directory; -> its path."""
-    path = tempfile.mkdtemp(prefix="write-paths-huge.")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},huge=always,mode=0700", "tmpfs", path],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        os.rmdir(path)
-        raise SystemExit(f"write_paths_bench: cannot mount a huge-page tmpfs (root needed): {r.stderr.strip()}")
-    return path
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dir", action="append", help="a directory to write in (repeatable; default /dev/shm)")
@@ -117,7 +107,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     size = parse_size(args.size, "--size")
     dirs = [(d, d) for d in (args.dir or ["/dev/shm"])]
-    huge = mount_huge_tmpfs(max(size, CHUNK * args.threads) + (1 << 30)) if args.huge_tmpfs else None
+    huge = bl.mount_huge_tmpfs(max(size, CHUNK * args.threads) + (1 << 30)) if args.huge_tmpfs else None
     if huge:
         dirs.append(("tmpfs huge=always", huge))
     thread_counts = sorted({1, args.threads})
@@ -138,8 +128,7 @@ def main(argv=None):
                 rows.append(row)
     finally:
         if huge:
-            subprocess.run(["umount", huge], check=False)
-            os.rmdir(huge)
+            bl.unmount(huge)
     if args.json:
         print(json.dumps({"size": size, "chunk": CHUNK, "piece": PIECE, "rows": rows}, indent=2))
         return 0

@@ -51,6 +51,27 @@ def test_write_paths_bench_measures_each_way_of_writing_a_chunk(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_checkpoint_bench_mounts_a_huge_page_tmpfs_store_for_its_run_and_unmounts_it(tmp_path):
+    """--huge-tmpfs: a store target on a tmpfs mounted with huge=always, gone after the run."""
+    probe = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(BENCH)!r})
+        import checkpoint_bench as cb
+        bench = cb.Bench(cb.parse_args(["--huge-tmpfs", "--no-disk", "--tmpfs", {str(tmp_path)!r}]))
+        (label, path), = [t for t in bench.targets if t[0] == "tmpfs-huge"]
+        mounts = [line.split() for line in open("/proc/mounts")]
+        print([m[3] for m in mounts if m[1] == path])
+        bench.close()
+        print(any(m.split()[1] == path for m in open("/proc/mounts")), os.path.exists(path))
+    """)
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    opts, after = r.stdout.splitlines()
+    assert "huge=always" in opts, opts
+    assert after == "False False", r.stdout
+
+
 WORKLOADS = sorted(p.name for p in (BENCH / "workloads").glob("*.py") if p.name != "wlcommon.py")
 
 
