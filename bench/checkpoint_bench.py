@@ -28,16 +28,16 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
   criu-hook  with --criu, tmpfs store: `criu dump` / `criu restore -d` with criu-gpushare-hook
   criu-cold  with --criu, disk store only: the same, the page cache dropped (sync, drop_caches;
              root) between the dump and the restore, so the restore reads the device
-Stores: tmpfs (--tmpfs, /dev/shm), with --huge-tmpfs also a tmpfs of huge pages mounted for the
-run (root), and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the repository); the disk's own O_DIRECT write/read rate is measured in the same run, and each row's
-GB/s is printed as a share of it (out against its write rate, back against its read rate). With
---s3, also an s3:// store on a SeaweedFS server this run starts on 127.0.0.1 (tests/s3server.py;
-`weed` on PATH or next to this Python, boto3 installed), its data under --disk (whose own rate
-bounds it). GB/s is 10^9
-bytes of workload data per second of the path (the tool: the sum of the phases its --json reports;
-the command's wall time, start-up included, is in the phases list). "x drv" = the driver path's
-seconds / the row's seconds. Driver checkpoint calls are only ever made from one process at a time:
-this one, under the tool's node-wide driver lock, never while a tool command runs.
+Stores: tmpfs (--tmpfs, /dev/shm), with --huge-tmpfs also a tmpfs of huge pages mounted for the run
+(root), and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the repository); each one's own
+O_DIRECT write/read rate is measured in the same run, and each row's GB/s is printed as a share of
+it (out against its write rate, back against its read rate). With --s3, also an s3:// store on a
+SeaweedFS server this run starts on 127.0.0.1 (tests/s3server.py; `weed` on PATH or next to this
+Python, boto3 installed), its data under --disk (whose own rate bounds it). GB/s is 10^9 bytes of
+workload data per second of the path (the tool: the sum of the phases its --json reports; the
+command's wall time, start-up included, is in the phases list). "x drv" = the driver path's seconds
+/ the row's seconds. Driver checkpoint calls are only ever made from one process at a time: this
+one, under the tool's node-wide driver lock, never while a tool command runs.
 """
 from __future__ import annotations
 
