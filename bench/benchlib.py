@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -730,7 +731,6 @@ def mount_huge_tmpfs(size="90%"):
     """A tmpfs mounted with huge=always (its files in 2 MiB pages: far fewer page allocations per
     byte written than /dev/shm's usual huge=never) on a new directory, for one run; -> its path.
     SystemExit saying why where it cannot be mounted (root is needed)."""
-    import tempfile
     path = tempfile.mkdtemp(prefix="bench-huge-tmpfs.")
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},huge=always,mode=0755", "tmpfs", path],
                        capture_output=True, text=True)

@@ -36,24 +36,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
 from criu_gpushare.config import parse_size  # noqa: E402
+from criu_gpushare.store.fsutil import write_all  # noqa: E402  (what the store writes a chunk with)
 
 CHUNK = 64 << 20
 PIECE = 1 << 20
 
 
-def _write_whole(fd, view):
-    done = 0
-    while done < len(view):
-        done += os.write(fd, view[done:])
-
-
 def write_only(fd, view):
-    _write_whole(fd, view)
+    write_all(fd, view)
 
 
 def hash_then_write(fd, view):
     xxhash.xxh3_128_digest(view)
-    _write_whole(fd, view)
+    write_all(fd, view)
 
 
 def hash_as_written(fd, view):
@@ -61,7 +56,7 @@ def hash_as_written(fd, view):
     for off in range(0, len(view), PIECE):
         piece = view[off:off + PIECE]
         h.update(piece)
-        _write_whole(fd, piece)
+        write_all(fd, piece)
     h.digest()
 
 

@@ -122,6 +122,12 @@ def _wait_for_command():
                     criu_fd = None  # not a pid: nothing to wait for
 
 
+def _wait_for_exit(pidfd, timeout_s, ended, still_running):
+    """Wait up to timeout_s for the process of pidfd (None: gone already) to exit; say which."""
+    if pidfd is not None:
+        _say(ended if select.select([pidfd], [], [], timeout_s)[0] else still_running)
+
+
 def _say(message):
     """A line of the log, timed: what the watch did is read after the fact."""
     print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
@@ -139,16 +145,10 @@ def main(argv):
     # The pipe ends as the dead command's files close, one by one: its GPU context may still be
     # going away. No driver call is made until it has (the driver hangs on calls from two
     # processes at once).
-    if command_fd is not None:
-        if select.select([command_fd], [], [], COMMAND_EXIT_WAIT_S)[0]:
-            _say("its command has exited")
-        else:
-            _say(f"its command has not exited {COMMAND_EXIT_WAIT_S} s after its end; going on")
-    if criu_fd is not None:
-        if select.select([criu_fd], [], [], CRIU_EXIT_WAIT_S)[0]:
-            _say("its CRIU has ended")
-        else:
-            _say(f"CRIU still runs after {CRIU_EXIT_WAIT_S} s; resuming anyway")
+    _wait_for_exit(command_fd, COMMAND_EXIT_WAIT_S, "its command has exited",
+                   f"its command has not exited {COMMAND_EXIT_WAIT_S} s after its end; going on")
+    _wait_for_exit(criu_fd, CRIU_EXIT_WAIT_S, "its CRIU has ended",
+                   f"CRIU still runs after {CRIU_EXIT_WAIT_S} s; resuming anyway")
     from . import journal
     try:
         held = journal.owner_of(key) is not None

@@ -206,25 +206,35 @@ class Dump:
         return holder.start(_CriuDumpWork(self.job, criu_pid), on_progress=report)
 
 
-class _CriuDumpWork(holder.Work):
+class _CriuWork(holder.Work):
+    """A holder for one CRIU run by the hook: it watches that CRIU process (on_event: it ended)."""
+
+    def __init__(self, job, criu_pid):
+        self.job, self.criu_pid = job, criu_pid
+        self.criu_fd = None
+
+    def watch_criu(self):
+        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
+
+    def watched_fd(self):
+        return self.criu_fd
+
+
+class _CriuDumpWork(_CriuWork):
     """The holder of one CRIU dump run by the hook: its GPU steps, then a watch on the CRIU
     process."""
 
     def __init__(self, job, criu_pid):
-        self.job, self.criu_pid = job, criu_pid
+        super().__init__(job, criu_pid)
         # the journal's key: `resume PID` of any process of the tree finds this holder
         self.key, self.pids = job.key, job.pids
-        self.criu_fd = None
 
     def begin(self, report):
-        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
+        self.watch_criu()
         self.job.set_report(report)
         if not self.job.begin():
             return {"gpu_state": False}, False
         return {"gpu_state": True, "ref": self.job.ref, "phases": results.rounded_phases(self.job.group)}, True
-
-    def watched_fd(self):
-        return self.criu_fd
 
     def on_event(self, report):
         self.job.set_report(report)
@@ -247,7 +257,8 @@ class _CriuDumpWork(holder.Work):
 
 class Restore:
     """The restore of images_dir: by CRIU's RPC in this process (run_criu), or the GPU side only
-    for CRIU that runs the hook (check at pre-restore, kept in a state file, run at post-resume)."""
+    for CRIU that runs the hook (in a holder its pre-restore starts and its post-resume asks;
+    run_saved where none listens)."""
 
     def __init__(self, images_dir, settings, report=print):
         self.images_dir, self.settings, self.report = images_dir, settings, report
@@ -275,8 +286,8 @@ class Restore:
             return images.maps_libcuda(self.images_dir)
 
     def read_record(self):
-        """The image's record, read again where check() ran in another process (the hook's
-        pre-restore); -> whether there is GPU state to bring back."""
+        """The image's record, read without check() (the hook's post-resume where no holder
+        listens: CRIU has restored the tree by then); -> whether there is GPU state to bring back."""
         try:
             rec = image_record.read(self.images_dir)
         except image_record.RecordMissing:
@@ -354,19 +365,18 @@ class Restore:
         return job.run(state["root"])
 
 
-class _CriuRestoreWork(holder.Work):
+class _CriuRestoreWork(_CriuWork):
     """The holder of one CRIU restore run by the hook: pre-restore's check (the GPUs are looked at,
     so CUDA starts here, never in the hook's process), the ring pinned while CRIU restores, then
     post-resume's GPU side. It ends with that, or when CRIU ends first (a restore that failed
     between the two: nothing of ours ran)."""
 
     def __init__(self, job, criu_pid):
-        self.job, self.criu_pid = job, criu_pid
+        super().__init__(job, criu_pid)
         self.key = holder.criu_restore_key(criu_pid)
-        self.criu_fd = None
 
     def begin(self, report):
-        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
+        self.watch_criu()
         job = self.job
         job.report = report
         if not job.check():
@@ -379,9 +389,6 @@ class _CriuRestoreWork(holder.Work):
                f"{job.store or rec['store']} ({rec['ref']}), every chunk present")
         ring = job.pin_ring_ahead()
         return {"gpu_state": True, "ring_pinned_ahead": ring}, True
-
-    def watched_fd(self):
-        return self.criu_fd
 
     def on_event(self, report):
         report("CRIU ended before its post-resume: no GPU state to bring back")

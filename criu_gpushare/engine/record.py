@@ -30,6 +30,11 @@ from ..errors import ImageError
 RECORD_NAME = "criu-gpushare.json"
 
 
+def path_in(images_dir):
+    """Where the record of images_dir is."""
+    return os.path.join(images_dir, RECORD_NAME)
+
+
 class RecordMissing(ImageError):
     """CRIU image {}: {}"""
 FORMAT = 1
@@ -50,7 +55,7 @@ def make(group, store, ref, manifest_id, gpus, nspids, protocol, options=None):
 
 
 def write(images_dir, record):
-    path = os.path.join(images_dir, RECORD_NAME)
+    path = path_in(images_dir)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(record, f, indent=1, sort_keys=True)
@@ -68,7 +73,7 @@ def write(images_dir, record):
 def read(images_dir):
     """The record of images_dir; ImageError when it is missing (an image made without
     criu-gpushare), unreadable, or of a format this version does not know."""
-    path = os.path.join(images_dir, RECORD_NAME)
+    path = path_in(images_dir)
     try:
         # Not through a link, nor from a file that only its owner may vouch for: the record names
         # the store and the ref a restore loads into GPU memory.

@@ -130,7 +130,7 @@ def post_restore(action):
     earlier would outlive that restore. Only for an image with our record; the record itself is
     read by the holder, or by post-resume where none listens."""
     images_dir = _images_dir()
-    if os.path.exists(os.path.join(images_dir, image_record.RECORD_NAME)):
+    if os.path.exists(image_record.path_in(images_dir)):
         statedir.write_json(_restore_state(), {"images_dir": images_dir, "root": _init_pid()})
     return 0
 
