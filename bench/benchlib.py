@@ -600,6 +600,10 @@ def hook_phases(log_text, wall_s, began=None):
     def add(name, secs):
         phases[name] = round(phases.get(name, 0.0) + max(0.0, secs), 3)
 
+    # An action's "began" is its process's start, down to a clock tick (10 ms), and its "program
+    # start" is measured from that same start: the tick's error moves time between the two only,
+    # and an action's end (began + took) is exact. Only a gap shorter than a tick, clamped at 0,
+    # can make the parts exceed wall_s, by a tick at most.
     for action, secs, start, action_began in sorted(took, key=lambda t: float(t[3])):
         offset = float(action_began) - began
         add(f"criu before {action}", offset - at)
