@@ -113,7 +113,8 @@ def pinned_for_the_load(session, store, mem, size, chunk, alloc):
     real = memory.PinnedBuffer
 
     def counted(n):
-        made["ahead" if threading.current_thread().name == "pin-ahead" else "on the path"] += 1
+        ahead = threading.current_thread().name.startswith("pin-ahead")  # its thread, or one of its pool
+        made["ahead" if ahead else "on the path"] += 1
         return real(n)
 
     memory.PinnedBuffer = counted

@@ -1,0 +1,66 @@
+"""The copy engine's pinned buffers on the fake driver: this process's own memory, registered with
+the driver (so copies run at link speed), made on many threads, and given back whole."""
+import json
+import subprocess
+import sys
+
+SCRIPT = r"""
+import json, threading
+from criu_gpushare.gpu import driver as drv, memory
+cu = drv.driver()
+memory.use_device(0)
+MIB = 1 << 20
+
+def registered(b):
+    return cu.cuMemHostGetFlags(b.addr)[0] == cu.CUresult.CUDA_SUCCESS
+
+out = {}
+threads = set()
+real = memory.PinnedBuffer
+def traced(size):
+    threads.add(threading.current_thread().name)
+    return real(size)
+memory.PinnedBuffer = traced
+bufs = memory.pin_buffers(MIB, 5)
+memory.PinnedBuffer = real
+out["count"], out["threads"] = len(bufs), len(threads)
+out["registered"] = all(registered(b) for b in bufs)
+spans = sorted((b.addr, b.addr + b.size) for b in bufs)
+out["apart"] = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+dev = drv.check(cu.cuMemAlloc(MIB), "alloc")
+drv.check(cu.cuMemsetD8(dev, 0x5A, MIB), "memset")
+drv.check(cu.cuMemcpyDtoH(bufs[2].ptr, dev, MIB), "copy out")
+out["copied"] = bytes(bufs[2].view[:4]) == b"\x5a" * 4 and bufs[2].view[MIB - 1] == 0x5A
+bufs[0].free()
+out["unregistered_after_free"] = not registered(bufs[0])
+
+calls = {"n": 0}
+made = []
+def third_fails(size):
+    calls["n"] += 1
+    if calls["n"] == 3:
+        raise drv.DriverError("no pinned memory left")
+    b = real(size)
+    made.append(b)
+    return b
+memory.PinnedBuffer = third_fails
+try:
+    memory.pin_buffers(MIB, 4)
+    out["failure"] = "none raised"
+except drv.DriverError as e:
+    out["failure"] = str(e)
+out["freed_on_failure"] = len(made) == 3 and not any(registered(b) for b in made)
+print(json.dumps(out))
+"""
+
+
+def test_pinned_buffers_are_registered_apart_and_freed(fake_env):
+    r = subprocess.run([sys.executable, "-c", SCRIPT], env=fake_env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["count"] == 5 and out["threads"] > 1, out  # made on a pool of threads
+    assert out["registered"] and out["apart"] and out["copied"], out
+    assert out["unregistered_after_free"], out
+    # one buffer that cannot be pinned: the error, and every buffer already made given back
+    assert out["failure"].endswith("no pinned memory left") and out["freed_on_failure"], out
