@@ -37,14 +37,16 @@ class ChunkStore:
             self.cache.close()
 
     @staticmethod
-    def _hash_put(data):
+    def _hash_put(data, cid=None):
         """(view, chunk id, length) of a chunk to put; a ZERO PutResult instead of the id for an
-        all-zero chunk (never stored)."""
+        all-zero chunk (never stored). cid: the id the caller already computed (see put)."""
         view = byte_view(data)
         n = len(view)
         if not 0 < n <= CHUNK_SIZE_MAX:
             raise ValueError(f"chunk of {n} bytes: a chunk holds 1..{CHUNK_SIZE_MAX} bytes")
-        cid = chunk_id(view)
+        if cid is not None and not is_chunk_id(cid):
+            raise ValueError(f"{cid!r} is not a chunk id")
+        cid = chunk_id(view) if cid is None else cid
         if cid == zero_chunk_id(n):
             return view, PutResult(None, n, PutStatus.ZERO), n
         return view, cid, n

@@ -75,9 +75,9 @@ class WriteSession(Tally):
         self._path = os.path.join(dir_path, self.name)
         self._renewed = time.monotonic()
 
-    def put(self, data):
+    def put(self, data, cid=None):
         """Store.put under this lease; updates the session's counters."""
-        return self._count(self.store.put(data))
+        return self._count(self.store.put(data, cid))
 
     def claim_present(self, cid, length):
         """Store.claim_present under this lease, counted like a PRESENT put."""

@@ -100,12 +100,12 @@ class S3Store(ChunkStore):
 
     # -- chunks -----------------------------------------------------------------------------------
 
-    def put(self, data, claim=None):
+    def put(self, data, claim=None, cid=None):
         """Store one chunk (1..64 MiB); a PutResult as Store.put: ZERO (not stored), PRESENT
         (an object of that name and size exists: nothing is sent) or NEW (uploaded, in parallel
         parts when large). `claim(cid)`: a write session's claim, made before a PRESENT is
-        trusted (see claim_present)."""
-        view, cid, n = self._hash_put(data)
+        trusted (see claim_present). cid: the id already computed, as Store.put takes it."""
+        view, cid, n = self._hash_put(data, cid)
         if isinstance(cid, PutResult):
             return cid  # all zero
         with self._writing(cid):
@@ -366,8 +366,8 @@ class S3WriteSession(Tally):
                 self._flushing = False
                 self._cv.notify_all()
 
-    def put(self, data):
-        return self._tally(self.store.put(data, claim=self.claim))
+    def put(self, data, cid=None):
+        return self._tally(self.store.put(data, claim=self.claim, cid=cid))
 
     def claim_present(self, cid, length):
         result = self.store.claim_present(cid, length, claim=self.claim)

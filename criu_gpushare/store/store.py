@@ -75,14 +75,16 @@ class Store(ChunkStore):
 
     # -- chunks ---------------------------------------------------------------------------------
 
-    def put(self, data):
+    def put(self, data, cid=None):
         """Store one chunk (a bytes-like object of 1..64 MiB, e.g. a view of pinned memory).
 
         Returns a PutResult: ZERO (all zero bytes, not stored), PRESENT (already stored: nothing is
         written, its mtime is refreshed so gc's grace period counts from now) or NEW (written:
-        temp file, data, fdatasync, rename). Hashing and writing release the GIL.
+        temp file, data, fdatasync, rename). Hashing and writing release the GIL. cid: the chunk's
+        id, already computed where the bytes came from (the copy engine's GPU hash), taken as it
+        is: the bytes are not hashed again (FORMAT.md section 13 says what the caller owes).
         """
-        view, cid, n = self._hash_put(data)
+        view, cid, n = self._hash_put(data, cid)
         if isinstance(cid, PutResult):
             return cid  # all zero
         with self._writing(cid):

@@ -97,9 +97,9 @@ def pieces(args, store, mem, size, chunk, before):
             state["open"] -= 1
 
     class SlowPuts:  # the store, with a put that takes longer (a slow disk)
-        def put(self, data):
+        def put(self, data, cid=None):
             time.sleep(args.slow_put)
-            return store.put(data)
+            return store.put(data, cid)
 
         def get(self, *a, **kw):
             return store.get(*a, **kw)

@@ -32,9 +32,15 @@ def test_unchanged_chunks_do_not_cross_the_link(fake_env, tmp_path):
     third = out["third"]
     assert third["copied"] == 2 * MiB and third["unchanged"] == 6 * MiB and third["written"] == 2 * MiB
     assert third["ids"][2] == again["ids"][2] and third["ids"][5] != again["ids"][5]
-    # A device id that differs from the CPU's for a copied chunk fails the save.
+    # The first copied chunk of a length is hashed on the host too; the next one of that length
+    # is put under its device id, not hashed again.
+    assert out["third_put_ids"] == [None, third["ids"][5]]
+    # A device id that differs from the CPU's for a chunk hashed on both fails the save.
     assert "hashed to" in out["lie"] and "CRIU_GPUSHARE_GPU_HASH=0" in out["lie"]
-    assert out["hasher_calls"] == 2
+    # ids once for "again", twice for "third": before its copies and after them
+    assert out["hasher_calls"] == 3
+    # Memory written between its hashing and the end of the copies fails the save.
+    assert "offset 3145728 changed while it was saved" in out["changed"], out["changed"]
 
 
 def test_switched_off_by_the_environment(fake_env, tmp_path):

@@ -6,8 +6,10 @@ The fake driver runs no kernels, so the copy engine finds no GpuHasher there (ch
 program then gives the engine a stand-in hasher that computes the same ids on the CPU (reading the
 memory back), to exercise the save path around it: a second save of unchanged memory copies
 nothing, counts it `unchanged` and refreshes the chunks' mtimes; a chunk removed from the store, or
-rewritten on the device, crosses the link again; a hasher that lies makes the save fail; a save
-that copied nothing in a process that loads next (pin_ahead) leaves the load a ring already pinned.
+rewritten on the device, crosses the link again, put under its device id without hashing it again
+unless it is the first of its length copied (or every 64th); a hasher that lies about such a chunk
+makes the save fail, and so does memory written between its hashing and the end of its copy; a
+save that copied nothing in a process that loads next (pin_ahead) leaves the load a ring already pinned.
 Prints one JSON line.
 """
 import ctypes
@@ -89,9 +91,16 @@ def main():
             # one chunk gone from the store, one chunk rewritten on the GPU
             os.unlink(store.chunks.chunk_path(alloc.chunks[2].id))
             drv.check(cu.cuMemsetD8(int(mem.ptr) + 5 * MiB, 7, MiB), "rewrite chunk 5")
+            puts = []  # the id each put was given: None where put hashes the bytes itself
+            real_put = session.put
+            session.put = lambda data, cid=None: (puts.append(cid), real_put(data, cid))[1]
             alloc3, third = engine.save("a", mem.ptr, size, 0)
+            del session.put
             out["third"] = summary(alloc3, third)
-            engine._hashers[0] = CpuHasher(lie_at=6)  # a wrong GPU id for chunk 6: not present
+            out["third_put_ids"] = puts
+        # A fresh engine: chunk 6, with a wrong GPU id (so not present), is its first copy.
+        with CopyEngine(session, ring_slots=3, chunk_size=chunk, workers=2) as engine:
+            engine._hashers[0] = CpuHasher(lie_at=6)
             try:
                 engine.save("a", mem.ptr, size, 0)
                 out["lie"] = "saved"
@@ -99,7 +108,36 @@ def main():
                 out["lie"] = str(e)
         out["hasher_calls"] = hasher.calls
         out["pin_ahead"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3)
+        out["changed"] = written_while_saved(session, store, mem, size, chunk, alloc3)  # last: it writes
     json.dump(out, sys.stdout)
+
+
+class WritesAfterHashing(CpuHasher):
+    """Hashes, then (once) rewrites one chunk on the device: a process still writing mid-save."""
+
+    def __init__(self, rewrite_at):
+        super().__init__()
+        self.rewrite_at = rewrite_at
+
+    def chunk_ids(self, ptr, size, chunk_size, stream=0):
+        ids = super().chunk_ids(ptr, size, chunk_size, stream)
+        if self.rewrite_at is not None:
+            off, self.rewrite_at = self.rewrite_at, None
+            drv.check(drv.driver().cuMemsetD8(int(ptr) + off, 0x3C, chunk_size), "write mid-save")
+        return ids
+
+
+def written_while_saved(session, store, mem, size, chunk, alloc):
+    """A save whose memory changes between hashing and the end of its copies (chunk 3 rewritten
+    after the ids were computed; chunk 2 missing from the store, so something is copied)."""
+    os.unlink(store.chunks.chunk_path(alloc.chunks[2].id))
+    with CopyEngine(session, ring_slots=3, chunk_size=chunk, workers=2) as engine:
+        engine._hashers[0] = WritesAfterHashing(rewrite_at=3 * chunk)
+        try:
+            engine.save("a", mem.ptr, size, 0)
+            return "saved"
+        except DriverError as e:
+            return str(e)
 
 
 def pinned_for_the_load(session, store, mem, size, chunk, alloc):

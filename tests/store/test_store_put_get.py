@@ -43,6 +43,26 @@ def test_zero_chunks_are_never_stored(store):
     assert not any(files for _, _, files in os.walk(os.path.join(store.path, "chunks")))
 
 
+def test_put_under_an_id_its_caller_computed_does_not_hash_again(store, monkeypatch):
+    """The copy engine's puts under GPU ids: the id is taken as given (the bytes are not hashed),
+    present and zero ids work as for a hashed put, and what is not an id is refused."""
+    from criu_gpushare.store import base
+    from criu_gpushare.store.layout import chunk_id, zero_chunk_id
+    data = chunk_bytes(4, 4096)
+    cid = chunk_id(data)
+    monkeypatch.setattr(base, "chunk_id", lambda view: pytest.fail("put hashed a chunk given its id"))
+    first = store.put(data, cid=cid)
+    assert first.status is PutStatus.NEW and first.chunk_id == cid
+    assert store.put(data, cid=cid).status is PutStatus.PRESENT
+    assert store.put(bytes(4096), cid=zero_chunk_id(4096)).status is PutStatus.ZERO
+    with pytest.raises(ValueError, match="not a chunk id"):
+        store.put(data, cid="../../etc/passwd")
+    monkeypatch.undo()
+    out = bytearray(4096)
+    store.get(cid, out, verify=True)
+    assert out == data
+
+
 def test_put_accepts_ctypes_and_mmap_views(store):
     raw = (ctypes.c_char * 4096).from_buffer_copy(chunk_bytes(3))
     assert store.put(memoryview(raw)).chunk_id == store.put(chunk_bytes(3)).chunk_id
