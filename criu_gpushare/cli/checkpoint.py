@@ -3,8 +3,10 @@ process (CRIU's RPC notifications are answered here; no action script runs).
 
 dump: pre-dump runs the dump's steps (engine/dump.py), post-dump makes the store durable; once CRIU
 returns, processes it left running (--leave-running, or a failed dump) get their GPU state back.
-restore: pre-restore checks the image, the store and the GPUs before CRIU restores anything; once
-the tree runs, its GPU state comes back (engine/restore.py), and the restored root pid is printed.
+restore: the image and the store are checked before CRIU restores anything, the GPUs while CRIU
+restores the processes (post-restore waits for that verdict: a refusal makes CRIU kill what it
+restored); once the tree runs, its GPU state comes back (engine/restore.py), and the restored root
+pid is printed.
 """
 import json
 import os

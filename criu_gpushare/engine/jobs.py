@@ -15,9 +15,11 @@ Settings (load_settings): each comes from the first of these that gives it, thro
 A run's options (engine/steps.py Options) are made from the settings here only, and kept whole in
 its journal and, for a dump, in the image's record.
 """
+import concurrent.futures
 import dataclasses
 import os
 import shutil
+import threading
 import time
 
 from ..config import ENV_GPU_MAP, load_settings as load_store_settings
@@ -265,16 +267,28 @@ class Restore:
         # The dump's recorded store unless a flag, the environment or the config file names one.
         self.store = settings.store if settings.origin.get("store") != "default" else None
         self.record = self.manifest = None
-        self.headroom = {}  # each GPU's room to spare, from check()
+        self._gpus = None  # the GPU check, in its thread (check_gpus_ahead)
 
-    def check(self):
-        """Before CRIU restores anything: the image, the store, the GPUs (engine/restore.py);
-        -> whether there is GPU state to bring back."""
-        self.headroom.clear()
-        self.record, self.manifest = restore.check(self.images_dir, self.store, self.settings.gpu_map,
-                                                   lambda: images.maps_libcuda(self.images_dir),
-                                                   headroom=self.headroom)
+    def check_image(self):
+        """Before CRIU restores anything: the image and the store (engine/restore.py), without
+        CUDA; -> whether there is GPU state to bring back."""
+        self.record, self.manifest = restore.check_image(self.images_dir, self.store,
+                                                         lambda: images.maps_libcuda(self.images_dir))
         return self.record is not None
+
+    def check_gpus_ahead(self):
+        """The GPUs checked, then the load's ring pinned where every GPU has room, in a thread
+        started now: CRIU restores the processes meanwhile, and its post-restore waits for the
+        verdict (gpus_checked)."""
+        def check_and_pin():
+            room = restore.check_gpus(self.images_dir, self.record, self.settings.gpu_map)
+            return restore.pin_ring_ahead(room, sum(u["size"] for u in self.record["group"]["units"]))
+        self._gpus = _InThread(check_and_pin, "gpu-check")
+
+    def gpus_checked(self):
+        """At CRIU's post-restore: the GPU check's verdict, waited for. A refusal (ImageError) is
+        raised, so CRIU kills what it restored; -> whether the load's ring is pinned ahead."""
+        return self._gpus.result()
 
     def has_gpu_state(self):
         """Without CUDA (the hook's pre-restore, before it forks a holder): whether the image may
@@ -308,23 +322,37 @@ class Restore:
         """`criu-gpushare restore DIR`: check, CRIU's restore, the GPU state; -> the summary."""
         images_dir = self.images_dir
         try:
-            self.check()
+            self.check_image()
         except KeyboardInterrupt:
             raise Cancelled(f"restore of {images_dir} interrupted before CRIU began: nothing was "
                             "restored") from None
         options, plugins = _criu_options(criu)
-        ring_ahead = self.record is not None and self.pin_ring_ahead()  # while CRIU restores
-        clock.mark("check (image, store, GPUs)")
+        state = {"root": None, "ring_ahead": False}
+
+        def on_notify(action, pid):
+            if action == "post-restore":
+                state["root"] = pid
+                clock.mark("criu restore (processes, host memory)")
+                state["ring_ahead"] = self.gpus_checked()  # a refusal: CRIU kills what it restored
+                clock.mark("check (GPUs, while CRIU restored)")
+
+        if self.record is not None:
+            self.check_gpus_ahead()
+        clock.mark("check (image, store)")
         # Once CRIU restores, nothing takes it back: an interrupt says so and the restore goes on.
         with cancel.on_interrupt(lambda: self.report(cancel.GOES_ON.format("restore"))):
             try:
-                root = rpc.restore(images_dir, options)
-                clock.mark("criu restore (processes, host memory)")
+                root = rpc.restore(images_dir, options, on_notify if self.record is not None else None)
+                clock.mark("criu resume (tasks run)" if self.record is not None
+                           else "criu restore (processes, host memory)")
+            except BaseException:
+                _reap_killed(state["root"])  # CRIU killed what it restored
+                raise
             finally:
                 if plugins:
                     shutil.rmtree(plugins, ignore_errors=True)
             summary = {"state": "restored", "pid": root, "pids": [], "seconds": {},
-                       "gpu_state": self.record is not None, "ring_pinned_ahead": ring_ahead}
+                       "gpu_state": self.record is not None, "ring_pinned_ahead": state["ring_ahead"]}
             if self.record is not None:
                 summary.update(self.run(root))
                 summary["pid"] = root
@@ -332,16 +360,12 @@ class Restore:
         summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
         return summary
 
-    def pin_ring_ahead(self):
-        """Pin the load's ring in a thread while CRIU restores, where every GPU has room to spare
-        (engine/restore.py); -> whether it started."""
-        return restore.pin_ring_ahead(self.headroom, sum(u["size"] for u in self.record["group"]["units"]))
-
     def start_holder(self, criu_pid, report):
-        """The hook's pre-restore: check, warm the cache and pin the load's ring in a holder that
-        then waits, watching CRIU (pid criu_pid), for post-resume to ask for the rest: the GPU
-        side then runs in a process whose context, ring and manifest are ready, as in the
-        wrapper's restore. -> the holder's final object."""
+        """The hook's pre-restore: check the image and the store, warm the cache and start the
+        GPU check in a holder that then waits, watching CRIU (pid criu_pid), for post-restore to
+        ask for the GPU check's verdict and post-resume for the rest: the GPU side then runs in a
+        process whose context, ring and manifest are ready, as in the wrapper's restore. -> the
+        holder's final object."""
         return holder.start(_CriuRestoreWork(self, criu_pid), on_progress=report)
 
     def warm_cache(self):
@@ -366,10 +390,10 @@ class Restore:
 
 
 class _CriuRestoreWork(_CriuWork):
-    """The holder of one CRIU restore run by the hook: pre-restore's check (the GPUs are looked at,
-    so CUDA starts here, never in the hook's process), the ring pinned while CRIU restores, then
-    post-resume's GPU side. It ends with that, or when CRIU ends first (a restore that failed
-    between the two: nothing of ours ran)."""
+    """The holder of one CRIU restore run by the hook: pre-restore's check of the image and the
+    store; the GPU check and the ring's pinning while CRIU restores (CUDA starts here, never in the
+    hook's process), their verdict for post-restore; then post-resume's GPU side. It ends with
+    that, or when CRIU ends first (a restore that failed in between: nothing of ours ran)."""
 
     def __init__(self, job, criu_pid):
         super().__init__(job, criu_pid)
@@ -379,7 +403,7 @@ class _CriuRestoreWork(_CriuWork):
         self.watch_criu()
         job = self.job
         job.report = report
-        if not job.check():
+        if not job.check_image():
             return {"gpu_state": False}, False
         fetched = job.warm_cache()
         if fetched is not None:
@@ -387,16 +411,19 @@ class _CriuRestoreWork(_CriuWork):
         rec = job.record
         report(f"image {job.images_dir}: GPU state of {len(rec['processes'])} process(es) in "
                f"{job.store or rec['store']} ({rec['ref']}), every chunk present")
-        ring = job.pin_ring_ahead()
-        return {"gpu_state": True, "ring_pinned_ahead": ring}, True
+        job.check_gpus_ahead()
+        return {"gpu_state": True}, True
 
     def on_event(self, report):
         report("CRIU ended before its post-resume: no GPU state to bring back")
         return False
 
     def handle(self, cmd, fields, report):
+        if cmd == "post-restore":
+            return {"ring_pinned_ahead": self.job.gpus_checked()}, True
         if cmd == "post-resume":
             self.job.report = report
+            self.job.gpus_checked()  # where post-restore did not ask (it always does, but cheap)
             return self.job.run(fields["root"]), False
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
@@ -404,3 +431,38 @@ class _CriuRestoreWork(_CriuWork):
         # A failed restore is in its journal, which `resume` works from; staying would hold this
         # context and ring for as long as CRIU runs (without -d, the life of the restored tree).
         return False
+
+
+class _InThread:
+    """fn() in a thread started now; result() waits for it, then returns its value or raises what
+    it raised."""
+
+    def __init__(self, fn, name):
+        self._future = concurrent.futures.Future()
+
+        def run():
+            try:
+                self._future.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
+                self._future.set_exception(e)
+
+        threading.Thread(target=run, name=name, daemon=True).start()
+
+    def result(self):
+        return self._future.result()
+
+
+def _reap_killed(root):
+    """After a restore CRIU failed at or after post-restore: CRIU has killed the tasks, and the
+    root, our child (rpc.restore's rst_sibling), is reaped here rather than left a zombie."""
+    if root is None:
+        return
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            pid, _ = os.waitpid(root, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid:
+            return
+        time.sleep(0.02)

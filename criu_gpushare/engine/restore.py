@@ -1,12 +1,15 @@
 """A CRIU restore's GPU side: `check` before CRIU restores anything, `run` once the tasks run.
 
-  check(images_dir)   pre-restore: the image's record (engine/record.py) is there and readable, the
-                      store holds its manifest and every chunk (stat only), and every GPU the group
-                      used is here (by UUID, or mapped with --gpu-map OLD=NEW), of the same model,
-                      with room for the memory that comes back; -> (record, manifest), and each
-                      GPU's room to spare. Refusing here restores nothing.
-  pin_ring_ahead      while CRIU restores: the load's pinned ring made in a thread, where there is
-                      room to spare (the wrapper's restore).
+  check_image         before CRIU restores anything: the image's record (engine/record.py) is there
+                      and readable, the store holds its manifest and every chunk (stat only);
+                      -> (record, manifest). No CUDA here.
+  check_gpus          while CRIU restores the processes, whose post-restore waits for it (CUDA's
+                      start, 0.3 s, then overlaps CRIU's): every GPU the group used is here (by
+                      UUID, or mapped with --gpu-map OLD=NEW), of the same model, with room for the
+                      memory that comes back; -> each GPU's room to spare. A refusal fails CRIU's
+                      post-restore, and CRIU kills what it restored: nothing of the tree runs.
+  pin_ring_ahead      after check_gpus: the load's pinned ring made in a thread, where there is
+                      room to spare.
   run(rec, root)      post-resume (tasks running, their GPU work waiting at the shims' gates): the
                       undo of the dump's steps, in a new process and maybe on another machine:
                       driver restore of every process, unlock, re-create, load, re-attach, reopen.
@@ -25,11 +28,10 @@ from .steps import Group, check_readable
 from .suspension import resume_group
 
 
-def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None, headroom=None):
+def check_image(images_dir, store_path=None, has_libcuda=None):
     """(the image's record, its manifest) when it has GPU state to bring back, else (None, None);
     ImageError/StoreError saying what is wrong. has_libcuda() tells whether an image without a
-    record needs one. headroom: a dict to fill with {GPU ordinal here: its free bytes less what
-    comes back to it} (pin_ring_ahead decides by it)."""
+    record needs one."""
     try:
         rec = record.read(images_dir)
     except record.RecordMissing:
@@ -42,14 +44,13 @@ def check(images_dir, store_path=None, gpu_map=None, has_libcuda=None, headroom=
     with open_store(store_path) as store:
         manifest = store.read_manifest(store.read_ref(rec["ref"]).manifest)
         check_readable(store, manifest, rec["ref"], "nothing was restored")
-    room = _check_gpus(images_dir, rec, gpu_map or {})
-    if headroom is not None:
-        headroom.update(room)
     return rec, manifest
 
 
-def _check_gpus(images_dir, rec, gpu_map):
-    """Every GPU the group used is here, of its model, with room; -> {ordinal: free bytes to spare}."""
+def check_gpus(images_dir, rec, gpu_map=None):
+    """Every GPU the group used is here, of its model, with room; -> {GPU ordinal here: its free
+    bytes less what comes back to it} (pin_ring_ahead decides by it). ImageError otherwise."""
+    gpu_map = gpu_map or {}
     here = {g["uuid"]: (i, g) for i, g in enumerate(drv.gpu_inventory())}
     then = {g["uuid"]: g for g in rec["gpus"]}
     need = {}

@@ -7,9 +7,10 @@ fails a dump or a restore.
 
 Between actions, state lives in the tool's private state directory: the dump's journal (and the
 holder that pre-dump starts, which watches CRIU and gives running tasks their GPU state back once
-CRIU lets go of them); for a restore, the holder that pre-restore starts (it checks, pins the
-load's ring while CRIU restores, and does post-resume's GPU side) and `restore-<criu pid>.json`
-from post-restore to post-resume (the image's real path and the restored root: CRIU has closed its
+CRIU lets go of them); for a restore, the holder that pre-restore starts (it checks the image and
+the store, then the GPUs and pins the load's ring while CRIU restores, gives post-restore that
+check's verdict, and does post-resume's GPU side) and `restore-<criu pid>.json` from post-restore
+to post-resume (the image's real path and the restored root: CRIU has closed its
 own path to the image by post-resume).
 """
 import os
@@ -118,20 +119,29 @@ def pre_restore(action):
         return 0  # nothing of ours in this image: no holder
     final = job.start_holder(_criu_pid(), report=lambda m: _say(action, m))
     _outcome(final, "CRIU restores nothing")
-    if final["result"].get("ring_pinned_ahead"):
-        _say(action, "the load's ring is pinned while CRIU restores the processes")
     return 0
 
 
 def post_restore(action):
-    """The tasks are restored: where post-resume finds the image (CRIU has closed its own path
-    by then) and the root go into the state dir now, not at pre-restore, since CRIU runs no
-    action when it fails in between (a pid taken, a damaged image) and a state file written
-    earlier would outlive that restore. Only for an image with our record; the record itself is
-    read by the holder, or by post-resume where none listens."""
+    """The tasks are restored, not yet running: the GPU check that pre-restore's holder ran
+    meanwhile must have passed (else this fails and CRIU kills them). Then where post-resume
+    finds the image (CRIU has closed its own path by then) and the root go into the state dir:
+    now, not at pre-restore, since CRIU runs no action when it fails in between (a pid taken, a
+    damaged image) and a state file written earlier would outlive that restore. Only for an image
+    with our record; the record itself is read by the holder, or by post-resume where none
+    listens."""
     images_dir = _images_dir()
-    if os.path.exists(image_record.path_in(images_dir)):
-        statedir.write_json(_restore_state(), {"images_dir": images_dir, "root": _init_pid()})
+    if not os.path.exists(image_record.path_in(images_dir)):
+        return 0
+    try:
+        final = holder.ask(holder.criu_restore_key(_criu_pid()), "post-restore",
+                           on_progress=lambda m: _say(action, m))
+    except holder.NoHolder:
+        final = None  # pre-restore ran another program: post-resume works from the image
+    _outcome(final, "CRIU kills the restored tasks: nothing of the tree runs")
+    if final is not None and final["result"].get("ring_pinned_ahead"):
+        _say(action, "the load's ring was pinned while CRIU restored the processes")
+    statedir.write_json(_restore_state(), {"images_dir": images_dir, "root": _init_pid()})
     return 0
 
 

@@ -1,6 +1,7 @@
-"""criu_gpushare/engine/restore.py on its own: `check`, what pre-restore refuses before CRIU
-restores anything (each refusal names what is wrong and what to do), and the pid map from the
-dump's pids to the restored tree's. The whole restore under CRIU is tests/hook/test_gpu_dump.py."""
+"""criu_gpushare/engine/restore.py on its own: what a restore refuses (the image and the store
+before CRIU restores anything, the GPUs at CRIU's post-restore; each refusal names what is wrong and
+what to do), and the pid map from the dump's pids to the restored tree's. The whole restore under
+CRIU is tests/hook/test_gpu_dump.py."""
 import os
 import random
 
@@ -36,21 +37,31 @@ def image(tmp_path, monkeypatch):
     return str(images), rec, store_dir, gpus, puts
 
 
+def check(images, store_path=None, gpu_map=None, has_libcuda=None, headroom=None):
+    """The whole check, as a restore makes it: the image and the store, then the GPUs."""
+    rec, manifest = restore.check_image(images, store_path, has_libcuda)
+    if rec is not None:
+        room = restore.check_gpus(images, rec, gpu_map)
+        if headroom is not None:
+            headroom.update(room)
+    return rec, manifest
+
+
 def test_an_image_that_fits_this_machine_passes(image):
     images, rec, *_ = image
-    assert restore.check(images)[0] == rec
+    assert check(images)[0] == rec
 
 
 def test_an_image_without_gpu_state_needs_nothing(image):
     images, rec, *_ = image
     record.write(images, dict(rec, gpu_state=False))
-    assert restore.check(images) == (None, None)
+    assert check(images) == (None, None)
 
 
 def test_an_image_without_a_record_is_refused_unless_its_tree_has_no_cuda(tmp_path):
     with pytest.raises(record.RecordMissing, match="not dumped through criu-gpushare"):
-        restore.check(str(tmp_path), has_libcuda=lambda: True)
-    assert restore.check(str(tmp_path), has_libcuda=lambda: False) == (None, None)
+        check(str(tmp_path), has_libcuda=lambda: True)
+    assert check(str(tmp_path), has_libcuda=lambda: False) == (None, None)
 
 
 def test_a_lost_chunk_is_refused_naming_it(image):
@@ -59,15 +70,15 @@ def test_a_lost_chunk_is_refused_naming_it(image):
         lost = store.chunk_path(puts[1].chunk_id)
     os.unlink(lost)
     with pytest.raises(StoreError, match=f"missing {lost}.*nothing was restored"):
-        restore.check(images)
+        check(images)
 
 
 def test_another_store_can_be_named(image, tmp_path):
     images, _, store_dir, *_ = image
     os.rename(store_dir, str(tmp_path / "moved"))
     with pytest.raises(StoreError):
-        restore.check(images)
-    assert restore.check(images, store_path=str(tmp_path / "moved"))[0]["ref"] == "dump-1"
+        check(images)
+    assert check(images, store_path=str(tmp_path / "moved"))[0]["ref"] == "dump-1"
 
 
 def test_a_missing_gpu_is_refused_saying_how_to_map_it(image):
@@ -76,22 +87,22 @@ def test_a_missing_gpu_is_refused_saying_how_to_map_it(image):
     with pytest.raises(ImageError, match="GPU-aaaa .NVIDIA H200. is not on this machine: restore "
                                          "it with --gpu-map GPU-aaaa=<UUID of a GPU here> "
                                          r"\(here: GPU-bbbb\)"):
-        restore.check(images)
-    assert restore.check(images, gpu_map={"GPU-aaaa": "GPU-bbbb"})[0]["ref"] == "dump-1"
+        check(images)
+    assert check(images, gpu_map={"GPU-aaaa": "GPU-bbbb"})[0]["ref"] == "dump-1"
 
 
 def test_a_gpu_of_another_model_is_refused(image):
     images, _, _, gpus, _ = image
     gpus[:] = [dict(H200, name="NVIDIA A100")]
     with pytest.raises(ImageError, match="was a NVIDIA H200; GPU-aaaa here is a NVIDIA A100"):
-        restore.check(images)
+        check(images)
 
 
 def test_a_gpu_without_room_is_refused(image, monkeypatch):
     images, *_ = image
     monkeypatch.setattr(restore.drv, "free_memory", lambda ordinal: 4096)
     with pytest.raises(ImageError, match="needs 0.00 GiB on GPU GPU-aaaa, which has 0.00 GiB free"):
-        restore.check(images)
+        check(images)
 
 
 def test_the_pid_map_follows_each_process_by_its_pid_in_its_namespace(monkeypatch):
@@ -108,7 +119,7 @@ def test_the_pid_map_follows_each_process_by_its_pid_in_its_namespace(monkeypatc
 def test_check_tells_each_gpus_room_to_spare(image):
     images, rec, *_ = image
     room = {}
-    restore.check(images, headroom=room)
+    check(images, headroom=room)
     assert room == {0: 2**30 - 8192}, "free (1 GiB) less the 8 KiB that comes back"
 
 

@@ -47,8 +47,9 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     assert criu_images.device_files(str(images)) == []  # no /dev/nvidia* fd in the image
     print(f"PROBE criu_image bytes={out['image_bytes']} gpu_bytes={out['bytes']['copied']}")
     r, wall = timed_cli(env["tool"], "restore", images, "--json")
-    assert_phases_cover(r, wall, "tool start", "check (image, store, GPUs)",
-                        "criu restore (processes, host memory)", "gpu back: plan, journal",
+    assert_phases_cover(r, wall, "tool start", "check (image, store)",
+                        "criu restore (processes, host memory)", "check (GPUs, while CRIU restored)",
+                        "criu resume (tasks run)", "gpu back: plan, journal",
                         "restore", "load", "reopen")
     assert json.loads(r.stdout)["pid"] == parent.pid
     # the fake GPUs (4 GiB) have too little to spare; an H200 has room for the ring
@@ -109,8 +110,9 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_the_hooks_restore_holder_pins_the_ring_while_criu_restores(env, tree, tmp_path, criu):
-    """pre-restore starts a holder that checks and, with room to spare on the GPU, pins the load's
-    ring while CRIU restores; post-resume has it bring the GPU state back (no cuInit, no ring, no
+    """pre-restore starts a holder that checks the image and the store and, while CRIU restores,
+    the GPUs, then with room to spare pins the load's ring; post-restore hears that the check
+    passed; post-resume has it bring the GPU state back (no cuInit, no ring, no
     chunk check left for post-resume's own process), and it ends with that."""
     parent, a, b = tree
     images = hook_dumped(criu, env, tree, tmp_path)
@@ -118,7 +120,7 @@ def test_the_hooks_restore_holder_pins_the_ring_while_criu_restores(env, tree, t
     r = criu_run(criu, roomy, ["restore", "-d"], images, "restore.log")
     log = (images / "restore.log").read_text()
     assert r.returncode == 0, log[-4000:]
-    assert "pre-restore: the load's ring is pinned while CRIU restores the processes" in log, log[-4000:]
+    assert "post-restore: the load's ring was pinned while CRIU restored the processes" in log, log[-4000:]
     a.wait_ready()
     assert_back(env, a, b)  # the holder is gone too
     logs = [open(os.path.join(env["run"], n)).read() for n in os.listdir(env["run"])
