@@ -1,0 +1,130 @@
+"""Where a cold save and a load of GPU memory spend their time: the copy engine, stage by stage.
+
+    python3 bench/save_stages_bench.py --gib 40                       # store under /dev/shm
+    python3 bench/save_stages_bench.py --gib 40 --dir /mnt/huge-tmpfs
+
+Needs a GPU. In one process, GIB of device memory (distinct, non-zero 64 MiB chunks) goes through
+the tool's CopyEngine into a fresh store, then back, with one stage taken out at a time so that
+each row's difference from the first says what that stage costs:
+
+  pin 1 GiB, cuMemHostAlloc / the tool's buffers   the ring's pinning (memory.PinnedBuffer)
+  GPU chunk ids                                    the XXH3 kernel over all of it
+  save                                             as the tool saves (GPU ids, a sample re-hashed)
+  save, every chunk hashed on the host too         as it saved before FORMAT.md section 13's sample
+  save, no host hash at all                        put never hashes
+  save, copies only                                device to the pinned ring, nothing stored
+  load / load, no check / load, copies only        the same for the way back
+The ring is pinned before the save and load rows (their figures leave its pinning out). Prints
+seconds and GB/s (10^9 bytes/s) per row.
+"""
+import argparse
+import itertools
+import os
+import shutil
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from criu_gpushare.gpu import copy_engine as ce, driver as drv, memory  # noqa: E402
+from criu_gpushare.gpu.fingerprint import GpuHasher  # noqa: E402
+from criu_gpushare.store import base as store_base  # noqa: E402
+from criu_gpushare.store.results import PutResult, PutStatus  # noqa: E402
+from criu_gpushare.store.store import Store  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=16.0, help="GiB of device memory (default 16)")
+    ap.add_argument("--dir", default="/dev/shm", help="where the store is made (removed after)")
+    args = ap.parse_args()
+    size = int(args.gib * 2**30) // ce.CHUNK_SIZE * ce.CHUNK_SIZE
+    root = os.path.join(args.dir, f"save-stages-{os.getpid()}")
+    cu = drv.driver()
+    memory.use_device(0)
+    rows = []
+
+    def row(name, seconds, nbytes=size):
+        rows.append((name, seconds, nbytes / seconds / 1e9 if seconds and nbytes else None))
+        print(f"  {name:44s} {seconds:7.3f} s", flush=True)
+
+    def timed(fn):
+        t = time.monotonic()
+        out = fn()
+        return time.monotonic() - t, out
+
+    ptr = drv.check(cu.cuMemAlloc(size), f"allocate {size} bytes")
+    for i, off in enumerate(range(0, size, ce.CHUNK_SIZE)):  # distinct and never all zero
+        drv.check(cu.cuMemsetD32(int(ptr) + off, (i * 2654435761 + 1) & 0xFFFFFFFF, ce.CHUNK_SIZE // 4), "fill")
+    drv.check(cu.cuCtxSynchronize(), "fill")
+
+    s, host = timed(lambda: [drv.check(cu.cuMemHostAlloc(ce.CHUNK_SIZE, 0), "pin") for _ in range(16)])
+    row("pin 1 GiB, cuMemHostAlloc", s, 2**30)
+    for p in host:
+        cu.cuMemFreeHost(p)
+    s, ring = timed(lambda: memory.pin_buffers(ce.CHUNK_SIZE, 16))
+    row("pin 1 GiB, the tool's buffers", s, 2**30)
+    memory.keep_pinned(ring)
+    hasher = GpuHasher.create(0)
+    if hasher is None:  # e.g. the tests' fake driver, which runs no kernels: every chunk is copied
+        print("  GPU chunk ids: no usable GPU hasher here", flush=True)
+    else:
+        hasher.chunk_ids(ptr, size, ce.CHUNK_SIZE)  # the kernel's first launch apart
+        row("GPU chunk ids", timed(lambda: hasher.chunk_ids(ptr, size, ce.CHUNK_SIZE))[0])
+        hasher.close()
+
+    def fresh_store():
+        shutil.rmtree(root, ignore_errors=True)
+        return Store.open(root, create=True)
+
+    def save():
+        with fresh_store() as store, ce.CopyEngine(store, total_bytes=size) as engine:
+            return timed(lambda: engine.save("a", ptr, size, 0))
+
+    def load(allocation, verify):
+        with Store.open(root) as store, ce.CopyEngine(store, verify_loads=verify, total_bytes=size) as engine:
+            return timed(lambda: engine.load(allocation, ptr, 0))[0]
+
+    try:
+        s, (allocation, _) = save()
+        row("save", s)
+        with patched(ce, "HOST_CHECK_EVERY", 1):
+            row("save, every chunk hashed on the host too", save()[0])
+        counter = itertools.count(1)
+        with patched(store_base, "chunk_id", lambda view: f"{next(counter):032x}"), \
+                patched(ce, "_check_same_id", lambda *a: None):
+            row("save, no host hash at all", save()[0])
+        with patched(Store, "put", lambda self, data, cid=None: PutResult(cid or f"{next(counter):032x}",
+                                                                         len(data), PutStatus.NEW)), \
+                patched(ce, "_check_same_id", lambda *a: None):
+            row("save, copies only", save()[0])
+        s, (allocation, _) = save()  # the store the loads read
+        row("load", load(allocation, True))
+        row("load, no check", load(allocation, False))
+        with patched(Store, "get", lambda self, cid, buf, verify=True: None):
+            row("load, copies only", load(allocation, False))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    workers = min(16, os.cpu_count() or 4)  # as CopyEngine
+    print(f"\n{args.gib:g} GiB, store in {args.dir}, ring {ce.ring_size(size)} x 64 MiB, {workers} workers")
+    print(f"{'stage':44s} {'s':>8s} {'GB/s':>8s}")
+    for name, s, rate in rows:
+        print(f"{name:44s} {s:8.3f} {rate:8.2f}" if rate else f"{name:44s} {s:8.3f} {'-':>8s}")
+
+
+class patched:
+    """obj.name = value for a with block."""
+
+    def __init__(self, obj, name, value):
+        self.obj, self.name, self.value = obj, name, value
+
+    def __enter__(self):
+        self.old = getattr(self.obj, self.name)
+        setattr(self.obj, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.obj, self.name, self.old)
+
+
+if __name__ == "__main__":
+    main()
