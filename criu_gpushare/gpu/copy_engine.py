@@ -16,8 +16,8 @@ others are copied and put under their GPU ids: hashing 64 MiB again on the host 
 a cold save's CPU time (measured on the H200: 40 GiB saved in 2.15 s without it, 2.82 s with it).
 What section 13 asks instead: of the chunks copied from each GPU, the first of each length and
 every HOST_CHECK_EVERY-th are hashed by put on the host and must match their GPU ids (a broken
-kernel fails the save), and once an allocation's copies are done its ids are computed on the GPU again and must
-not have changed (memory written during the save fails it). Without a usable hasher
+kernel fails the save), and once an allocation's copies are done its ids are computed on the GPU
+again and must not have changed (memory written during the save fails it). Without a usable hasher
 (CRIU_GPUSHARE_GPU_HASH=0, a driver that runs no kernels such as the tests' fake, a pointer not
 16-byte aligned) every chunk is copied and hashed by put, as before.
 """
