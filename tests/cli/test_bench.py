@@ -51,6 +51,23 @@ def test_write_paths_bench_measures_each_way_of_writing_a_chunk(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_path):
+    """bench/save_stages_bench.py on the fake driver (no kernels: no GPU-id row): a row per stage
+    taken out, the table, and its store removed."""
+    stores = tmp_path / "stores"
+    stores.mkdir()
+    r = subprocess.run([sys.executable, str(BENCH / "save_stages_bench.py"), "--gib", "0.125",
+                        "--dir", str(stores)], env=fake_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = r.stdout[r.stdout.index("stage "):]
+    for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers", "save",
+                  "save, every chunk hashed on the host too", "save, no host hash at all",
+                  "save, copies only", "load", "load, no check", "load, copies only"):
+        assert f"\n{stage} " in table, table
+    assert "no usable GPU hasher here" in r.stdout
+    assert list(stores.iterdir()) == []
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_checkpoint_bench_mounts_a_huge_page_tmpfs_store_for_its_run_and_unmounts_it(tmp_path):
     """--huge-tmpfs: a store target on a tmpfs mounted with huge=always, gone after the run."""
