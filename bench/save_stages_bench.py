@@ -14,18 +14,29 @@ each row's difference from the first says what that stage costs:
   save, no host hash at all                        put never hashes
   save, copies only                                device to the pinned ring, nothing stored
   load / load, no check / load, copies only        the same for the way back
+  DMA into the page cache / DMA from the page cache
+                                                   not the tool's way (yet): each chunk file mapped
+                                                   and registered with the driver, so the copy
+                                                   engine's DMA writes or reads the store's pages
+                                                   themselves, with no CPU copy and no hash: what
+                                                   saves and loads could gain that way
 The ring is pinned before the save and load rows (their figures leave its pinning out). Prints
 seconds and GB/s (10^9 bytes/s) per row.
 """
 import argparse
+import concurrent.futures
+import ctypes
 import itertools
+import mmap
 import os
 import shutil
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from criu_gpushare.errors import DriverError  # noqa: E402
 from criu_gpushare.gpu import copy_engine as ce, driver as drv, memory  # noqa: E402
 from criu_gpushare.gpu.fingerprint import GpuHasher  # noqa: E402
 from criu_gpushare.store import base as store_base  # noqa: E402
@@ -52,6 +63,14 @@ def main():
         t = time.monotonic()
         out = fn()
         return time.monotonic() - t, out
+
+    def attempt(name, fn):
+        """A row for a way the driver may refuse (registering file pages): its error instead."""
+        try:
+            row(name, timed(fn)[0])
+        except (DriverError, OSError) as e:
+            print(f"  {name}: failed: {e}", flush=True)
+            rows.append((name, None, None))
 
     ptr = drv.check(cu.cuMemAlloc(size), f"allocate {size} bytes")
     for i, off in enumerate(range(0, size, ce.CHUNK_SIZE)):  # distinct and never all zero
@@ -103,13 +122,71 @@ def main():
         row("load, no check", load(allocation, False))
         with patched(Store, "get", lambda self, cid, buf, verify=True: None):
             row("load, copies only", load(allocation, False))
+        with Store.open(root) as store:
+            paths = [store.chunk_path(c.id) for c in allocation.chunks]
+        attempt("DMA from the page cache", lambda: direct_dma(paths, ptr, to_device=True))
+        scratch = os.path.join(root, "direct")
+        os.makedirs(scratch)
+        paths = [os.path.join(scratch, str(i)) for i in range(len(paths))]
+        attempt("DMA into the page cache", lambda: direct_dma(paths, ptr, to_device=False))
     finally:
         shutil.rmtree(root, ignore_errors=True)
     workers = min(16, os.cpu_count() or 4)  # as CopyEngine
     print(f"\n{args.gib:g} GiB, store in {args.dir}, ring {ce.ring_size(size)} x 64 MiB, {workers} workers")
     print(f"{'stage':44s} {'s':>8s} {'GB/s':>8s}")
     for name, s, rate in rows:
-        print(f"{name:44s} {s:8.3f} {rate:8.2f}" if rate else f"{name:44s} {s:8.3f} {'-':>8s}")
+        if s is None:
+            print(f"{name:44s} {'failed':>8s} {'-':>8s}")
+        else:
+            print(f"{name:44s} {s:8.3f} {rate:8.2f}" if rate else f"{name:44s} {s:8.3f} {'-':>8s}")
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                       ctypes.c_long]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+READ_ONLY = 0x08  # CU_MEMHOSTREGISTER_READ_ONLY
+
+
+def direct_dma(paths, ptr, to_device, workers=16):
+    """Each 64 MiB file of `paths` (chunk i at ptr + i * 64 MiB) mapped, registered with the driver
+    and copied by DMA straight from (to_device) or into (made now) its pages, on `workers`
+    threads, each with its own stream."""
+    cu = drv.driver()
+    ctx = drv.check(cu.cuCtxGetCurrent(), "current context")
+    local = threading.local()
+
+    def one(i):
+        if not hasattr(local, "stream"):
+            drv.check(cu.cuCtxSetCurrent(ctx), "context")
+            local.stream = drv.check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "stream")
+        n = ce.CHUNK_SIZE
+        fd = os.open(paths[i], os.O_RDONLY if to_device else os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            if not to_device:
+                os.ftruncate(fd, n)
+            prot = mmap.PROT_READ | (0 if to_device else mmap.PROT_WRITE)
+            addr = _libc.mmap(None, n, prot, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"mmap {paths[i]}")
+            try:
+                drv.check(cu.cuMemHostRegister(addr, n, READ_ONLY if to_device else 0), "register")
+                dev = int(ptr) + i * n
+                copy = (cu.cuMemcpyHtoDAsync(dev, addr, n, local.stream) if to_device
+                        else cu.cuMemcpyDtoHAsync(addr, dev, n, local.stream))
+                drv.check(copy, "copy")
+                drv.check(cu.cuStreamSynchronize(local.stream), "sync")
+                drv.check(cu.cuMemHostUnregister(addr), "unregister")
+            finally:
+                _libc.munmap(addr, n)
+            if not to_device:
+                os.fdatasync(fd)
+        finally:
+            os.close(fd)
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, range(len(paths))))
 
 
 class patched:
