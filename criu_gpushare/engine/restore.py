@@ -1,4 +1,4 @@
-"""A CRIU restore's GPU side: `check` before CRIU restores anything, `run` once the tasks run.
+"""A CRIU restore's GPU side: checks before and while CRIU restores, `run` once the tasks run.
 
   check_image         before CRIU restores anything: the image's record (engine/record.py) is there
                       and readable, the store holds its manifest and every chunk (stat only);
