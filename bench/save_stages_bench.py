@@ -25,7 +25,6 @@ seconds and GB/s (10^9 bytes/s) per row.
 """
 import argparse
 import concurrent.futures
-import ctypes
 import itertools
 import mmap
 import os
@@ -33,6 +32,7 @@ import shutil
 import sys
 import threading
 import time
+from unittest import mock
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -107,20 +107,22 @@ def main():
     try:
         s, (allocation, _) = save()
         row("save", s)
-        with patched(ce, "HOST_CHECK_EVERY", 1):
+        with mock.patch.object(ce, "HOST_CHECK_EVERY", 1):
             row("save, every chunk hashed on the host too", save()[0])
         counter = itertools.count(1)
-        with patched(store_base, "chunk_id", lambda view: f"{next(counter):032x}"), \
-                patched(ce, "_check_same_id", lambda *a: None):
+        with mock.patch.object(store_base, "chunk_id", lambda view: f"{next(counter):032x}"), \
+                mock.patch.object(ce, "_check_same_id", lambda *a: None):
             row("save, no host hash at all", save()[0])
-        with patched(Store, "put", lambda self, data, cid=None: PutResult(cid or f"{next(counter):032x}",
-                                                                         len(data), PutStatus.NEW)), \
-                patched(ce, "_check_same_id", lambda *a: None):
+
+        def no_put(self, data, cid=None):
+            return PutResult(cid or f"{next(counter):032x}", len(data), PutStatus.NEW)
+
+        with mock.patch.object(Store, "put", no_put), mock.patch.object(ce, "_check_same_id", lambda *a: None):
             row("save, copies only", save()[0])
         s, (allocation, _) = save()  # the store the loads read
         row("load", load(allocation, True))
         row("load, no check", load(allocation, False))
-        with patched(Store, "get", lambda self, cid, buf, verify=True: None):
+        with mock.patch.object(Store, "get", lambda self, cid, buf, verify=True: None):
             row("load, copies only", load(allocation, False))
         with Store.open(root) as store:
             paths = [store.chunk_path(c.id) for c in allocation.chunks]
@@ -141,11 +143,6 @@ def main():
             print(f"{name:44s} {s:8.3f} {rate:8.2f}" if rate else f"{name:44s} {s:8.3f} {'-':>8s}")
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                       ctypes.c_long]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 READ_ONLY = 0x08  # CU_MEMHOSTREGISTER_READ_ONLY
 
 
@@ -167,9 +164,7 @@ def direct_dma(paths, ptr, to_device, workers=16):
             if not to_device:
                 os.ftruncate(fd, n)
             prot = mmap.PROT_READ | (0 if to_device else mmap.PROT_WRITE)
-            addr = _libc.mmap(None, n, prot, mmap.MAP_SHARED, fd, 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
-                raise OSError(ctypes.get_errno(), f"mmap {paths[i]}")
+            addr = memory.map_pages(n, prot, mmap.MAP_SHARED, fd)
             try:
                 drv.check(cu.cuMemHostRegister(addr, n, READ_ONLY if to_device else 0), "register")
                 dev = int(ptr) + i * n
@@ -179,7 +174,7 @@ def direct_dma(paths, ptr, to_device, workers=16):
                 drv.check(cu.cuStreamSynchronize(local.stream), "sync")
                 drv.check(cu.cuMemHostUnregister(addr), "unregister")
             finally:
-                _libc.munmap(addr, n)
+                memory.unmap_pages(addr, n)
             if not to_device:
                 os.fdatasync(fd)
         finally:
@@ -187,20 +182,6 @@ def direct_dma(paths, ptr, to_device, workers=16):
 
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         list(pool.map(one, range(len(paths))))
-
-
-class patched:
-    """obj.name = value for a with block."""
-
-    def __init__(self, obj, name, value):
-        self.obj, self.name, self.value = obj, name, value
-
-    def __enter__(self):
-        self.old = getattr(self.obj, self.name)
-        setattr(self.obj, self.name, self.value)
-
-    def __exit__(self, *exc):
-        setattr(self.obj, self.name, self.old)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,14 @@
     python3 bench/write_paths_bench.py --dir /dev/shm --dir /var/tmp --json
 
 A save (engine/steps.py, gpu/copy_engine.py) copies each 64 MiB chunk from the GPU into a pinned
-host buffer, then a worker thread puts it: Store.put hashes the whole chunk (xxh3-128, its name and
-the check against the GPU's id), then writes it to a new file. On tmpfs that write allocates and
-fills every page of the file, and it bounds a cold dump (bench/RESULTS.md). This bench measures,
+host buffer, then a worker thread puts it: Store.put hashes the whole chunk where it is given no
+id (xxh3-128: its name; the copy engine gives the GPU's id but for a sample, store/FORMAT.md
+section 13), then writes it to a new file. On tmpfs that write allocates and fills every page of
+the file (bench/RESULTS.md has what it costs a cold dump). This bench measures,
 per directory and thread count, from one page-aligned buffer per thread (as the pinned ring):
 
   write            the write alone: the file system's own rate for this pattern
-  hash, write      xxh3-128 of the whole chunk, then the write (what Store.put does)
+  hash, write      xxh3-128 of the whole chunk, then the write (Store.put given no id)
   hash as written  in 1 MiB pieces, each hashed then written while still in the CPU's cache
                    (the chunk read from memory once instead of twice)
 

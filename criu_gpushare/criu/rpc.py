@@ -37,6 +37,7 @@ MIN_MAJOR = 4
 _MAX_MESSAGE = 1 << 20
 # swrk exits right after its final answer; waiting longer than this means it hangs.
 _EXIT_WAIT_S = 30
+_KILLED_EXIT_WAIT_S = 5  # a restored root CRIU has SIGKILLed
 _LOG_ERROR_LINES = 5
 
 NotifyCallback = Callable[[str, Optional[int]], None]
@@ -84,15 +85,43 @@ def restore(images_dir: str, options: CriuOptions,
     exits: the tree never gets a parent-death signal from CRIU, and when this process exits it is
     reparented to init (or the nearest subreaper). A long-lived caller must reap it (waitpid) once
     it ends, or it stays a zombie. on_notify is called as for dump(). If it raises up to
-    post-restore, CRIU kills what it restored; at pre-resume or post-resume CRIU only logs the
-    failure and the tree runs on, so the exception propagates with the tree running (its pid was
-    given to the callback at post-restore)."""
+    post-restore, CRIU kills what it restored, and the root it named there is reaped here; at
+    pre-resume or post-resume CRIU only logs the failure and the tree runs on, so the exception
+    propagates with the tree running (its pid was given to the callback at post-restore)."""
     binary, rpc = _criu_and_messages(options)
     opts = _request_options(rpc, options, "restore.log")
     opts.rst_sibling = True
-    resp = _request(binary, rpc, rpc.RESTORE, opts, images_dir, options, on_notify,
-                    f"restore of {images_dir}")
+    killed_on_failure = {}  # the root CRIU named at post-restore, until pre-resume lets the tree run
+
+    def notify(action, pid):
+        if action in ("post-restore", "pre-resume"):
+            killed_on_failure["root"] = pid if action == "post-restore" else None
+        on_notify(action, pid)
+
+    try:
+        resp = _request(binary, rpc, rpc.RESTORE, opts, images_dir, options,
+                        notify if on_notify is not None else None, f"restore of {images_dir}")
+    except BaseException:
+        if killed_on_failure.get("root"):
+            _reap_killed(killed_on_failure["root"])
+        raise
     return resp.restore.pid
+
+
+def _reap_killed(root, timeout_s=_KILLED_EXIT_WAIT_S):
+    """The root of a restore that failed between post-restore and pre-resume, our child
+    (rst_sibling), which CRIU kills then: reaped once it has ended, not left a zombie."""
+    try:
+        pidfd = os.pidfd_open(root)
+    except ProcessLookupError:
+        return
+    try:
+        if select.select([pidfd], [], [], timeout_s)[0]:
+            os.waitpid(root, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not ours after all
+    finally:
+        os.close(pidfd)
 
 
 def check(binary: str = "criu") -> str:

@@ -64,7 +64,7 @@ class NoHolder(ProcessError):
 
 def criu_restore_key(criu_pid):
     """The key of the holder that the hook's pre-restore starts for the CRIU restore run by
-    criu_pid, and that its post-resume asks (engine/jobs.py)."""
+    criu_pid, and that its post-restore and post-resume ask (engine/jobs.py)."""
     return f"restore-{criu_pid}"
 
 
@@ -322,9 +322,11 @@ def _peer_uid(conn):
     return struct.unpack("3i", cred)[1]
 
 
-def outcome(final):
+def outcome(final, consequence=None):
     """A holder's final object -> its result; Failed, with the holder's message and exit code, when
-    it failed (the entry point that called says it and exits with that code)."""
+    it failed (the entry point that called says it and exits with that code). consequence: what
+    follows from the failure (the hook says what CRIU then does), added to the message."""
     if not final["ok"]:
-        raise Failed(final["message"], final["exit_code"])
+        suffix = f" ({consequence})" if consequence else ""
+        raise Failed(final["message"] + suffix, final["exit_code"])
     return final["result"]

@@ -292,15 +292,15 @@ class Restore:
 
     def has_gpu_state(self):
         """Without CUDA (the hook's pre-restore, before it forks a holder): whether the image may
-        hold GPU state to bring back. An image with libcuda mappings but no record counts: check()
-        refuses it."""
+        hold GPU state to bring back. An image with libcuda mappings but no record counts:
+        check_image() refuses it."""
         try:
             return bool(image_record.read(self.images_dir)["gpu_state"])
         except image_record.RecordMissing:
             return images.maps_libcuda(self.images_dir)
 
     def read_record(self):
-        """The image's record, read without check() (the hook's post-resume where no holder
+        """The image's record, read without check_image() (the hook's post-resume where no holder
         listens: CRIU has restored the tree by then); -> whether there is GPU state to bring back."""
         try:
             rec = image_record.read(self.images_dir)
@@ -327,33 +327,28 @@ class Restore:
             raise Cancelled(f"restore of {images_dir} interrupted before CRIU began: nothing was "
                             "restored") from None
         options, plugins = _criu_options(criu)
-        state = {"root": None, "ring_ahead": False}
+        gpu_state = self.record is not None
 
-        def on_notify(action, pid):
+        def on_notify(action, _pid):
             if action == "post-restore":
-                state["root"] = pid
                 clock.mark("criu restore (processes, host memory)")
-                state["ring_ahead"] = self.gpus_checked()  # a refusal: CRIU kills what it restored
+                self.gpus_checked()  # a refusal: CRIU kills what it restored
                 clock.mark("check (GPUs, while CRIU restored)")
 
-        if self.record is not None:
+        if gpu_state:
             self.check_gpus_ahead()
         clock.mark("check (image, store)")
         # Once CRIU restores, nothing takes it back: an interrupt says so and the restore goes on.
         with cancel.on_interrupt(lambda: self.report(cancel.GOES_ON.format("restore"))):
             try:
-                root = rpc.restore(images_dir, options, on_notify if self.record is not None else None)
-                clock.mark("criu resume (tasks run)" if self.record is not None
-                           else "criu restore (processes, host memory)")
-            except BaseException:
-                _reap_killed(state["root"])  # CRIU killed what it restored
-                raise
+                root = rpc.restore(images_dir, options, on_notify if gpu_state else None)
+                clock.mark("criu resume (tasks run)" if gpu_state else "criu restore (processes, host memory)")
             finally:
                 if plugins:
                     shutil.rmtree(plugins, ignore_errors=True)
             summary = {"state": "restored", "pid": root, "pids": [], "seconds": {},
-                       "gpu_state": self.record is not None, "ring_pinned_ahead": state["ring_ahead"]}
-            if self.record is not None:
+                       "gpu_state": gpu_state, "ring_pinned_ahead": gpu_state and self.gpus_checked()}
+            if gpu_state:
                 summary.update(self.run(root))
                 summary["pid"] = root
                 clock.absorb(summary.get("phases", {}), "gpu back: plan, journal")
@@ -423,7 +418,7 @@ class _CriuRestoreWork(_CriuWork):
             return {"ring_pinned_ahead": self.job.gpus_checked()}, True
         if cmd == "post-resume":
             self.job.report = report
-            self.job.gpus_checked()  # where post-restore did not ask (it always does, but cheap)
+            self.job.gpus_checked()  # its verdict, should post-restore not have asked for it
             return self.job.run(fields["root"]), False
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
@@ -451,18 +446,3 @@ class _InThread:
     def result(self):
         return self._future.result()
 
-
-def _reap_killed(root):
-    """After a restore CRIU failed at or after post-restore: CRIU has killed the tasks, and the
-    root, our child (rpc.restore's rst_sibling), is reaped here rather than left a zombie."""
-    if root is None:
-        return
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        try:
-            pid, _ = os.waitpid(root, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid:
-            return
-        time.sleep(0.02)

@@ -117,7 +117,7 @@ def warm_cache(rec, store_path, cache, cache_limit):
 def run(rec, root_pid, options, report=print, manifest=None):
     """Bring the GPU state of a restored tree back with `options` (engine/steps.py Options; its
     store and ref those of the dump's record unless the settings named another store); -> summary.
-    manifest: the one check() read in this process, whose chunks it found: neither is done again.
+    manifest: the one check_image() read in this process, whose chunks it found: neither is done again.
     RestoreIncomplete on failure."""
     state = plan.remap_state(rec["group"], pid_map(rec, root_pid))
     group = Group.from_state(state, options, report, manifest=manifest)

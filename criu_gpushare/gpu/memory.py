@@ -89,21 +89,21 @@ class PinnedBuffer:
     def __init__(self, size):
         cu = drv.driver()
         self.size = size
-        self.addr = _mmap_anonymous(size)
+        # with unified addressing, the host address is also the one copies take
+        self.ptr = map_pages(size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         try:
             for advice in (_MADV_HUGEPAGE, _MADV_DONTFORK, _MADV_POPULATE_WRITE):
-                _libc.madvise(self.addr, size, advice)  # best effort: registering faults in the rest
-            drv.check(cu.cuMemHostRegister(self.addr, size, 0), f"pin {size} bytes of host memory")
+                _libc.madvise(self.ptr, size, advice)  # best effort: registering faults in the rest
+            drv.check(cu.cuMemHostRegister(self.ptr, size, 0), f"pin {size} bytes of host memory")
         except BaseException:
-            _libc.munmap(self.addr, size)
+            unmap_pages(self.ptr, size)
             raise
-        self.ptr = self.addr  # with unified addressing, also the address copies take
-        self.view = memoryview((ctypes.c_char * size).from_address(self.addr)).cast("B")
+        self.view = memoryview((ctypes.c_char * size).from_address(self.ptr)).cast("B")
 
     def free(self):
         self.view.release()
-        drv.driver().cuMemHostUnregister(self.addr)
-        _libc.munmap(self.addr, self.size)
+        drv.driver().cuMemHostUnregister(self.ptr)
+        unmap_pages(self.ptr, self.size)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -115,13 +115,17 @@ _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MADV_DONTFORK, _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 10, 14, 23  # <asm-generic/mman-common.h>
 
 
-def _mmap_anonymous(size):
-    addr = _libc.mmap(None, size, mmap.PROT_READ | mmap.PROT_WRITE,
-                      mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+def map_pages(size, prot, flags, fd=-1):
+    """mmap(2) of size bytes -> its address, which the driver's calls take (Python's mmap gives
+    none for a read-only mapping); DriverError naming the error."""
+    addr = _libc.mmap(None, size, prot, flags, fd, 0)
     if addr in (None, ctypes.c_void_p(-1).value):
-        err = ctypes.get_errno()
-        raise DriverError(f"cannot map {size} bytes of host memory to pin: {os.strerror(err)}")
+        raise DriverError(f"cannot map {size} bytes of host memory: {os.strerror(ctypes.get_errno())}")
     return addr
+
+
+def unmap_pages(addr, size):
+    _libc.munmap(addr, size)
 
 
 def pin_buffers(size, count):

@@ -50,12 +50,6 @@ def _criu_pid():
     return os.getppid()  # CRIU forks and execs its action scripts
 
 
-def _outcome(final, consequence):
-    """A holder's final object: nothing when it went well, else its error, saying what CRIU does."""
-    if final is not None and not final["ok"]:
-        raise Failed(f"{final['message']} ({consequence})", final["exit_code"])
-
-
 def _phases(phases):
     return " ".join(f"{k} {v:.2f}" for k, v in phases.items())
 
@@ -86,9 +80,9 @@ def pre_dump(action):
         return 0  # nothing of ours in this tree
     _refuse_v1_freezer(pids)
     job = jobs.Dump(root, _images_dir(), jobs.load_settings(), report=lambda m: None)
-    final = job.start_holder(_criu_pid(), report=lambda m: _say(action, m))
-    _outcome(final, "CRIU aborts the dump; the tasks keep running")
-    phases = final["result"].get("phases")
+    result = holder.outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
+                            "CRIU aborts the dump; the tasks keep running")
+    phases = result.get("phases")
     if phases:
         _say(action, f"GPU state of {len(job.job.pids)} process(es) out: {_phases(phases)}")
     return 0
@@ -100,8 +94,8 @@ def post_dump(action):
     owner = journal.owner_of(_init_pid())
     if owner is None or owner.kind != "dump":
         return 0
-    _outcome(holder.ask(owner.key, "post-dump", on_progress=lambda m: _say(action, m)),
-             "CRIU fails the dump and leaves the tasks running")
+    holder.outcome(holder.ask(owner.key, "post-dump", on_progress=lambda m: _say(action, m)),
+                   "CRIU fails the dump and leaves the tasks running")
     return 0
 
 
@@ -117,8 +111,8 @@ def pre_restore(action):
     job = jobs.Restore(_images_dir(), jobs.load_settings())
     if not job.has_gpu_state():
         return 0  # nothing of ours in this image: no holder
-    final = job.start_holder(_criu_pid(), report=lambda m: _say(action, m))
-    _outcome(final, "CRIU restores nothing")
+    holder.outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
+                   "CRIU restores nothing")
     return 0
 
 
@@ -134,12 +128,12 @@ def post_restore(action):
     if not os.path.exists(image_record.path_in(images_dir)):
         return 0
     try:
-        final = holder.ask(holder.criu_restore_key(_criu_pid()), "post-restore",
-                           on_progress=lambda m: _say(action, m))
+        verdict = holder.outcome(holder.ask(holder.criu_restore_key(_criu_pid()), "post-restore",
+                                            on_progress=lambda m: _say(action, m)),
+                                 "CRIU kills the restored tasks: nothing of the tree runs")
     except holder.NoHolder:
-        final = None  # pre-restore ran another program: post-resume works from the image
-    _outcome(final, "CRIU kills the restored tasks: nothing of the tree runs")
-    if final is not None and final["result"].get("ring_pinned_ahead"):
+        verdict = {}  # pre-restore ran another program: post-resume works from the image
+    if verdict.get("ring_pinned_ahead"):
         _say(action, "the load's ring was pinned while CRIU restored the processes")
     statedir.write_json(_restore_state(), {"images_dir": images_dir, "root": _init_pid()})
     return 0

@@ -12,7 +12,7 @@ memory.use_device(0)
 MIB = 1 << 20
 
 def registered(b):
-    return cu.cuMemHostGetFlags(b.addr)[0] == cu.CUresult.CUDA_SUCCESS
+    return cu.cuMemHostGetFlags(b.ptr)[0] == cu.CUresult.CUDA_SUCCESS
 
 out = {}
 threads = set()
@@ -25,7 +25,7 @@ bufs = memory.pin_buffers(MIB, 5)
 memory.PinnedBuffer = real
 out["count"], out["threads"] = len(bufs), len(threads)
 out["registered"] = all(registered(b) for b in bufs)
-spans = sorted((b.addr, b.addr + b.size) for b in bufs)
+spans = sorted((b.ptr, b.ptr + b.size) for b in bufs)
 out["apart"] = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 dev = drv.check(cu.cuMemAlloc(MIB), "alloc")
 drv.check(cu.cuMemsetD8(dev, 0x5A, MIB), "memset")
