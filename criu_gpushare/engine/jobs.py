@@ -268,6 +268,7 @@ class Restore:
         self.store = settings.store if settings.origin.get("store") != "default" else None
         self.record = self.manifest = None
         self._gpus = None  # the GPU check, in its thread (check_gpus_ahead)
+        self._loading_ahead = None  # what the GPU check started reading (restore.load_ahead)
 
     def check_image(self):
         """Before CRIU restores anything: the image and the store (engine/restore.py), without
@@ -277,12 +278,16 @@ class Restore:
         return self.record is not None
 
     def check_gpus_ahead(self):
-        """The GPUs checked, then the load's ring pinned where every GPU has room, in a thread
-        started now: CRIU restores the processes meanwhile, and its post-restore waits for the
-        verdict (gpus_checked)."""
+        """The GPUs checked, then the load's ring pinned and the store read into spare GPU memory
+        where every GPU has room, in threads started now: CRIU restores the processes meanwhile,
+        and its post-restore waits for the verdict (gpus_checked), not for the reading."""
         def check_and_pin():
             room = restore.check_gpus(self.images_dir, self.record, self.settings.gpu_map)
-            return restore.pin_ring_ahead(room, sum(u["size"] for u in self.record["group"]["units"]))
+            pinned = restore.pin_ring_ahead(room, sum(u["size"] for u in self.record["group"]["units"]))
+            if pinned:
+                self._loading_ahead = restore.load_ahead(self.record, self.options(), self.manifest,
+                                                         self.report)
+            return pinned
         self._gpus = _InThread(check_and_pin, "gpu-check")
 
     def gpus_checked(self):
@@ -316,7 +321,20 @@ class Restore:
 
     def run(self, root):
         """The tree of root runs (CRIU restored it): its GPU state back; -> the summary."""
-        return restore.run(self.record, root, self.options(), report=self.report, manifest=self.manifest)
+        loading_ahead, self._loading_ahead = self._loading_ahead, None  # the run frees it
+        return restore.run(self.record, root, self.options(), report=self.report,
+                           manifest=self.manifest, loading_ahead=loading_ahead)
+
+    def stop_loading_ahead(self):
+        """A restore that failed before run(): the reading ahead stopped, its GPU memory freed."""
+        if self._gpus is not None:
+            try:
+                self._gpus.result()  # it may still start one
+            except Exception:  # noqa: BLE001 - its refusal was reported where it was asked
+                pass
+        if self._loading_ahead is not None:
+            self._loading_ahead.close()
+            self._loading_ahead = None
 
     def run_criu(self, criu, clock):
         """`criu-gpushare restore DIR`: check, CRIU's restore, the GPU state; -> the summary."""
@@ -343,6 +361,9 @@ class Restore:
             try:
                 root = rpc.restore(images_dir, options, on_notify if gpu_state else None)
                 clock.mark("criu resume (tasks run)" if gpu_state else "criu restore (processes, host memory)")
+            except BaseException:
+                self.stop_loading_ahead()
+                raise
             finally:
                 if plugins:
                     shutil.rmtree(plugins, ignore_errors=True)

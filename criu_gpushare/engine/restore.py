@@ -10,6 +10,8 @@
                       post-restore, and CRIU kills what it restored: nothing of the tree runs.
   pin_ring_ahead      after check_gpus: the load's pinned ring made in a thread, where there is
                       room to spare.
+  load_ahead          then, where a GPU has room for a second copy, the store read into the tool's
+                      own GPU memory in a thread (engine/ahead.py): the load copies from there.
   run(rec, root)      post-resume (tasks running, their GPU work waiting at the shims' gates): the
                       undo of the dump's steps, in a new process and maybe on another machine:
                       driver restore of every process, unlock, re-create, load, re-attach, reopen.
@@ -23,7 +25,7 @@ from ..gpu.memory import pin_ahead
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree
 from ..store.backend import open_store
-from . import journal as jn, plan, record
+from . import ahead, journal as jn, plan, record
 from .steps import Group, check_readable
 from .suspension import resume_group
 
@@ -114,13 +116,20 @@ def warm_cache(rec, store_path, cache, cache_limit):
         return prefetch(store, c, refs=[rec["ref"]])
 
 
-def run(rec, root_pid, options, report=print, manifest=None):
+def load_ahead(rec, options, manifest, report=print):
+    """After check_gpus: the store read into spare GPU memory, in a thread, while CRIU restores the
+    processes (engine/ahead.py); the StagedLoad for run(), or None."""
+    return ahead.start(Group.from_state(rec["group"], options, report, manifest=manifest), report)
+
+
+def run(rec, root_pid, options, report=print, manifest=None, loading_ahead=None):
     """Bring the GPU state of a restored tree back with `options` (engine/steps.py Options; its
     store and ref those of the dump's record unless the settings named another store); -> summary.
     manifest: the one check_image() read in this process, whose chunks it found: neither is done again.
-    RestoreIncomplete on failure."""
+    loading_ahead: what load_ahead() started. RestoreIncomplete on failure."""
     state = plan.remap_state(rec["group"], pid_map(rec, root_pid))
     group = Group.from_state(state, options, report, manifest=manifest)
     journal = jn.Journal.create("restore", group.pids, jn.SUSPENDED, options=options,
                                 group=group.state())
-    return resume_group(group, journal, verb="restore", checked=manifest is not None)
+    return resume_group(group, journal, verb="restore", checked=manifest is not None,
+                        loading_ahead=loading_ahead)

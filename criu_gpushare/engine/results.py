@@ -27,7 +27,7 @@ def summary(group, what):
             "seconds": {k: round(v, 3) for k, v in group.times.items()},
             "phases": rounded_phases(group),
             "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
-                      "zero": s.zero, "unchanged": s.unchanged},
+                      "zero": s.zero, "unchanged": s.unchanged, "loaded_ahead": s.ahead},
             "units": len(group.units), "attachments": len(group.attachments)}
 
 

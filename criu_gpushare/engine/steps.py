@@ -30,7 +30,8 @@ Back (UNDO: each runs when the step it undoes was begun):
   thaw      CPU threads restarted (nothing they touch is unmapped any more; their GPU work stays
             waiting at the gates until reopen); signals that arrived meanwhile are delivered
   recreate  owners re-create their memory at the same addresses (adopters re-create adopted memory)
-  load      each unit's bytes come back from the store through this process
+  load      each unit's bytes come back from the store through this process (or from its own GPU
+            memory, where engine/ahead.py read them ahead while the steps above ran)
   attach    importers map the owners' memory again at their own addresses
   reopen    host memory re-registered at the same device pointers, gates opened
 """
@@ -133,6 +134,7 @@ class Group:
         self.gpus = []
         self.manifest_id = None
         self._device_map = None
+        self.ahead = None         # a gpu/staging.StagedLoad the load takes from (engine/ahead.py)
         self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
 
     def begin_step(self, undo=False):
@@ -285,7 +287,7 @@ class Group:
         for e in self._open_gates(waits.Deadline(waits.UNDO_WAIT_S)):
             self.report(f"warning: reopening the gates: {e}")
 
-    def _tool_device(self, unit):
+    def tool_device(self, unit):
         """This process's ordinal of the GPU unit's memory is on now (after a --gpu-map restore,
         the mapped one): the workload's ordinal means nothing here."""
         if unit.gpu is None:
@@ -305,7 +307,7 @@ class Group:
         """unit's memory mapped in this process (its owner's shim exports an fd): the pointer."""
         fd = exports.take(unit)
         try:
-            with ImportedAllocation(fd, unit.size, self._tool_device(unit)) as mem:
+            with ImportedAllocation(fd, unit.size, self.tool_device(unit)) as mem:
                 yield mem.ptr
         finally:
             os.close(fd)
@@ -323,7 +325,7 @@ class Group:
             processes = {}
             total = sum(u.size for u in self.units)
             exports = stack.enter_context(Exports(self.units, self.options.timeout_s))
-            items = [SaveItem(u.key, u.size, self._tool_device(u),
+            items = [SaveItem(u.key, u.size, self.tool_device(u),
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
                      for u in self.units]
@@ -424,16 +426,7 @@ class Group:
                                 **self._devices_field(unit.owner))
 
     def _open_for_load(self):
-        """The store, read through the node cache where one is configured (what `store prefetch`
-        filled); a cache that cannot be opened is skipped with a warning, never fatal."""
-        cache = None
-        if self.options.cache:
-            from ..store.cache import NodeCache
-            try:
-                cache = NodeCache.open(self.options.cache, self.options.cache_limit)
-            except Error as e:
-                self.report(f"warning: node cache {self.options.cache} not used: {e}")
-        return open_store(self.options.store, cache=cache)
+        return open_for_load(self.options, self.report)
 
     def check_loadable(self):
         """Before a resume changes anything: every chunk the load will read is in the store or the
@@ -448,18 +441,40 @@ class Group:
                            "(or point --store at a copy) and resume again")
 
     def _load(self):
-        with self._open_for_load() as store:
-            if self.manifest is None:  # a resume in a process other than the one that saved
-                self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
-            allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
-            total = sum(u.size for u in self.units)
-            with Exports(self.units, waits.UNDO_WAIT_S) as exports, \
-                    CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
-                               progress=self._progress(total, "loaded")) as engine:
-                items = [LoadItem(allocs[u.manifest_key], self._tool_device(u), functools.partial(self._mapped, u, exports))
-                         for u in self.units]
-                for stats in engine.load_all(items):
-                    self.stats.add(stats)
+        try:
+            staged = self._loaded_ahead()
+            with self._open_for_load() as store:
+                if self.manifest is None:  # a resume in a process other than the one that saved
+                    self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
+                allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
+                total = sum(u.size for u in self.units)
+                with Exports(self.units, waits.UNDO_WAIT_S) as exports, \
+                        CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
+                                   progress=self._progress(total, "loaded")) as engine:
+                    items = [LoadItem(allocs[u.manifest_key], self.tool_device(u),
+                                      functools.partial(self._mapped, u, exports),
+                                      staged=staged.get(u.manifest_key))
+                             for u in self.units]
+                    for stats in engine.load_all(items):
+                        self.stats.add(stats)
+        finally:
+            if self.ahead is not None:  # its GPU memory back before the workload runs on
+                self.ahead.close()
+
+    def _loaded_ahead(self):
+        """{manifest key: device pointer} of what engine/ahead.py loaded ahead, once it ended; the
+        wait for it is a part of the load's time. A failure there is only reported: the load
+        reads those allocations from the store itself."""
+        if self.ahead is None:
+            return {}
+        t = time.monotonic()
+        staged = self.ahead.wait()
+        if self.ahead.error is not None:
+            self.report(f"warning: loading ahead failed, the load reads the store: {self.ahead.error}")
+        elif staged:  # (none where no GPU had the room)
+            self.parts["load"] = {"load ahead (not overlapped)": time.monotonic() - t}
+            self.report(f"loaded {size(self.ahead.bytes)} ahead in {self.ahead.seconds:.2f} s")
+        return staged
 
     def _attach(self):
         for a in self.attachments:
@@ -484,6 +499,19 @@ class Group:
                         store.release_hold(info)
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
+
+
+def open_for_load(options, report=print):
+    """The store, read through the node cache where one is configured (what `store prefetch`
+    filled); a cache that cannot be opened is skipped with a warning, never fatal."""
+    cache = None
+    if options.cache:
+        from ..store.cache import NodeCache
+        try:
+            cache = NodeCache.open(options.cache, options.cache_limit)
+        except Error as e:
+            report(f"warning: node cache {options.cache} not used: {e}")
+    return open_store(options.store, cache=cache)
 
 
 def check_readable(store, manifest, ref, consequence):

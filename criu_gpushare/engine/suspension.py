@@ -7,7 +7,7 @@ import time
 
 from .. import waits
 from ..errors import GroupHeld, Interrupted, ProcessError
-from . import cancel, holder, journal as jn, results
+from . import ahead, cancel, holder, journal as jn, results
 from .runner import Runner, SuspendHeld
 from .steps import IN_PLACE, Group, Options
 
@@ -83,19 +83,28 @@ class SuspendWork(holder.Work):
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
 
-def resume_group(group, journal, verb="resume", checked=False):
-    """checked: this process has just checked every chunk readable (a restore's check before CRIU)."""
+def resume_group(group, journal, verb="resume", checked=False, loading_ahead=None):
+    """checked: this process has just checked every chunk readable (a restore's check before CRIU).
+    loading_ahead: a StagedLoad a restore started while CRIU restored the processes; else one
+    starts here when there is memory to load (engine/ahead.py), as the steps before the load run."""
     t = time.monotonic()
     if not checked:
         group.check_loadable()  # a store that lost a chunk changes nothing
     checked = time.monotonic() - t
     before = journal.state  # suspended, or held (a rollback that failed): what a failure leaves
     journal.set(state=jn.RESUMING)
+    if loading_ahead is None and "release" in group.done:
+        loading_ahead = ahead.start(group, group.report)
+    group.ahead = loading_ahead
     try:
         Runner(group, journal).undo(verb)
     except BaseException as e:
         journal.set(state=before if before != jn.RESUMING else jn.SUSPENDED, error=str(e))
         raise
+    finally:
+        if group.ahead is not None:
+            group.ahead.close()
+            group.ahead = None
     t = time.monotonic()
     group.release_holds()
     group.times = {"check (store)": checked, **group.times, "release holds": time.monotonic() - t}

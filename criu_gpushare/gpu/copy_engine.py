@@ -6,7 +6,9 @@ GIL, so N workers hash and write in parallel while the next copies run). A slot 
 its previous chunk is stored.
 Loading: workers read chunks from the store into the slots ahead of time (in parallel); in order,
 each filled slot is copied host->device on the stream; a slot is refilled once its copy has ended.
-All-zero chunks are never stored and are loaded with a memset.
+All-zero chunks are never stored and are loaded with a memset. An allocation already loaded into
+the tool's own GPU memory (gpu/staging.py, while CRIU restored the processes) is copied device to
+device.
 
 Unchanged chunks never cross the link (store/FORMAT.md section 13): before copying an allocation,
 the engine computes every chunk's id on the GPU (fingerprint.GpuHasher: XXH3-128, the store's
@@ -60,13 +62,15 @@ class CopyStats:
 
     written + deduplicated + zero is the size saved. `unchanged` is the part of deduplicated +
     zero that never crossed the link (its id, computed on the GPU, was the zero id or a stored
-    chunk's); copied + unchanged is the size saved.
+    chunk's); copied + unchanged is the size saved. `ahead`: of a load's copied bytes, those
+    loaded ahead into the tool's own GPU memory (gpu/staging.py) and copied device to device.
     """
     copied: int = 0
     written: int = 0
     deduplicated: int = 0
     zero: int = 0
     unchanged: int = 0
+    ahead: int = 0
     seconds: float = 0.0
 
     def add(self, other):
@@ -310,7 +314,8 @@ class CopyEngine:
         until its host-to-device copies are done and, with verify_loads, checked. With
         verify_loads every chunk is checked against its name: on the GPU after the copy when it
         can (the whole allocation hashed at TB/s, so the check costs the load nothing), else on
-        the host as each chunk is read."""
+        the host as each chunk is read. An item loaded ahead (its `staged` bytes, gpu/staging.py)
+        is copied device to device instead of read."""
         cu = drv.driver()
         items = list(items)
         for item in items:
@@ -322,7 +327,7 @@ class CopyEngine:
         # Imported and re-created memory is mapped at the granularity, so every pointer suits the
         # GPU check; one that does not is caught when open and its chunks checked on the host.
         on_gpu = [self._gpu_checkable(item.allocation, 0, item.device) for item in items]
-        order = [(k, i) for k, item in enumerate(items)
+        order = [(k, i) for k, item in enumerate(items) if item.staged is None
                  for i, c in enumerate(item.allocation.chunks) if not c.is_zero]
         reads = {}  # (item, chunk) -> (slot, future) for reads started and not yet copied
         slot_copy = [None] * self.ring_slots  # the event of the copy last started from the slot
@@ -351,29 +356,33 @@ class CopyEngine:
                 t0 = time.monotonic()
                 stats = CopyStats(copied=item.allocation.size)
                 with item.open() as ptr:
-                    host_check = on_gpu[k] and not self._gpu_checkable(item.allocation, ptr, item.device)
-                    off = 0
-                    for i, chunk in enumerate(item.allocation.chunks):
-                        dst, off = int(ptr) + off, off + chunk.length
-                        if chunk.is_zero:
-                            drv.check(cu.cuMemsetD8Async(dst, 0, chunk.length, stream), "zero a chunk")
-                            stats.zero += chunk.length
-                            continue
-                        read_ahead()
-                        slot, future = reads.pop((k, i))
-                        future.result()
-                        if host_check:  # read unchecked for the GPU check this pointer cannot have
-                            self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=True)
-                        drv.check(cu.cuMemcpyHtoDAsync(dst, self._ring[slot].ptr, chunk.length, stream),
-                                  f"copy {item.allocation.key} to the GPU")
-                        drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
-                        slot_copy[slot] = events[slot]
-                        state["copied"] += 1
-                        self.progress(chunk.length)
-                    read_ahead()  # the next items' reads run while this copy ends
-                    drv.check(cu.cuStreamSynchronize(stream), f"finish loading {item.allocation.key}")
-                    if on_gpu[k] and not host_check:
-                        self._check_on_gpu(item.allocation, ptr, item.device, stream)
+                    if item.staged is not None:
+                        self._copy_staged(item, ptr, stream, on_gpu[k], stats)
+                    else:
+                        host_check = on_gpu[k] and not self._gpu_checkable(item.allocation, ptr,
+                                                                           item.device)
+                        off = 0
+                        for i, chunk in enumerate(item.allocation.chunks):
+                            dst, off = int(ptr) + off, off + chunk.length
+                            if chunk.is_zero:
+                                drv.check(cu.cuMemsetD8Async(dst, 0, chunk.length, stream), "zero a chunk")
+                                stats.zero += chunk.length
+                                continue
+                            read_ahead()
+                            slot, future = reads.pop((k, i))
+                            future.result()
+                            if host_check:  # read unchecked for the GPU check this pointer cannot have
+                                self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=True)
+                            drv.check(cu.cuMemcpyHtoDAsync(dst, self._ring[slot].ptr, chunk.length,
+                                                           stream), f"copy {item.allocation.key} to the GPU")
+                            drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
+                            slot_copy[slot] = events[slot]
+                            state["copied"] += 1
+                            self.progress(chunk.length)
+                        read_ahead()  # the next items' reads run while this copy ends
+                        drv.check(cu.cuStreamSynchronize(stream), f"finish loading {item.allocation.key}")
+                        if on_gpu[k] and not host_check:
+                            self._check_on_gpu(item.allocation, ptr, item.device, stream)
                 stats.seconds = time.monotonic() - t0
                 results.append(stats)
             return results
@@ -382,6 +391,21 @@ class CopyEngine:
             for stream in self._streams.values():
                 cu.cuStreamSynchronize(stream)
             raise
+
+    def _copy_staged(self, item, ptr, stream, check_on_gpu, stats):
+        """An item loaded ahead (gpu/staging.py, checked there): copied device to device, and
+        checked again on the GPU where it can be (at TB/s); else the copy is trusted as the
+        link's copies are."""
+        cu = drv.driver()
+        size = item.allocation.size
+        drv.check(cu.cuMemcpyDtoDAsync(int(ptr), int(item.staged), size, stream),
+                  f"copy {item.allocation.key} from what was loaded ahead")
+        drv.check(cu.cuStreamSynchronize(stream), f"finish copying {item.allocation.key}")
+        if check_on_gpu and self._gpu_checkable(item.allocation, ptr, item.device):
+            self._check_on_gpu(item.allocation, ptr, item.device, stream)
+        stats.ahead = size
+        stats.zero = sum(c.length for c in item.allocation.chunks if c.is_zero)
+        self.progress(size)
 
 
 @dataclasses.dataclass
@@ -397,10 +421,12 @@ class SaveItem:
 @dataclasses.dataclass
 class LoadItem:
     """One manifest Allocation for load_all: open() is a context manager giving the pointer
-    to load it to."""
+    to load it to. staged: a device pointer (same GPU) already holding its bytes, loaded ahead
+    and checked (gpu/staging.py): copied from there instead of read from the store."""
     allocation: object
     device: int
     open: object
+    staged: object = None
 
 
 def _raise_failed(futures):

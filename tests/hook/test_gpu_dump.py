@@ -58,15 +58,19 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     assert_back(env, a, b)
 
 
-def test_wrapper_restore_pins_the_loads_ring_while_criu_restores(env, tree, tmp_path):
-    """With room to spare on the GPU, the restore pins the load's ring in a thread while CRIU
-    restores the processes (engine/restore.py pin_ring_ahead); the GPU state comes back whole."""
+def test_wrapper_restore_pins_the_ring_and_loads_ahead_while_criu_restores(env, tree, tmp_path):
+    """With room to spare on the GPU, the restore pins the load's ring and reads the store into
+    GPU memory of its own in threads while CRIU restores the processes (engine/restore.py
+    pin_ring_ahead, load_ahead); the load copies from there, and the GPU state comes back whole."""
     parent, a, b = tree
     images, _ = dumped(env, tree, tmp_path)
     roomy = dict(env, tool=dict(env["tool"], FAKECUDA_MEM_MB="16384"))
     r = cli(roomy, "restore", images, "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["ring_pinned_ahead"] is True
+    out = json.loads(r.stdout)
+    assert out["ring_pinned_ahead"] is True
+    assert out["bytes"]["loaded_ahead"] == out["bytes"]["copied"] > 0, out["bytes"]
+    assert "load ahead (not overlapped)" in out["phases"], out["phases"]
     a.wait_ready()
     assert_back(env, a, b)
 
@@ -109,9 +113,10 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
 
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
-def test_the_hooks_restore_holder_pins_the_ring_while_criu_restores(env, tree, tmp_path, criu):
+def test_the_hooks_restore_holder_pins_the_ring_and_loads_ahead_while_criu_restores(env, tree, tmp_path, criu):
     """pre-restore starts a holder that checks the image and the store and, while CRIU restores,
-    the GPUs, then with room to spare pins the load's ring; post-restore hears that the check
+    the GPUs, then with room to spare pins the load's ring and reads the store into GPU memory of
+    its own; post-restore hears that the check
     passed; post-resume has it bring the GPU state back (no cuInit, no ring, no
     chunk check left for post-resume's own process), and it ends with that."""
     parent, a, b = tree
@@ -126,6 +131,7 @@ def test_the_hooks_restore_holder_pins_the_ring_while_criu_restores(env, tree, t
     logs = [open(os.path.join(env["run"], n)).read() for n in os.listdir(env["run"])
             if n.startswith("holder-restore-") and n.endswith(".log")]
     assert len(logs) == 1 and "load..." in logs[0] and "holder done" in logs[0], logs
+    assert re.search(r"loaded \d+\.\d+ MiB ahead in", logs[0]), logs  # while CRIU restored
 
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")

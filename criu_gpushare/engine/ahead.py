@@ -1,0 +1,61 @@
+"""Loading ahead: what of a resume's or a restore's GPU memory is read from the store before its
+load step, into spare GPU memory of this process (gpu/staging.py), and when.
+
+Before the load step can copy anything, the memory it copies into must exist again: the driver
+restores each process, the shims re-create their memory (a resume), and before that CRIU restores
+the processes themselves (a restore). That is about a second on the H200 in which the link and the
+store sat idle, while the load itself is bound by reading the store (40 GiB from tmpfs in
+1.2-1.8 s). Started at the beginning of a resume, or once the GPU check passed during CRIU's
+restore, the reading overlaps all of it, and the load step copies device to device.
+
+Only where a GPU has room for a second copy: its free memory, less what comes back to it, less
+MARGIN (this process's context and ring) and PER_PROCESS for each restored process (the driver
+brings their contexts back after this began). Allocations are taken whole, in the plan's order,
+while they fit; the others load as before. CRIU_GPUSHARE_LOAD_AHEAD=0 turns it off.
+"""
+import os
+
+from ..gpu import driver as drv
+from ..gpu.memory import use_device
+from ..gpu.staging import StagedLoad
+from .steps import open_for_load
+
+ENV_SWITCH = "CRIU_GPUSHARE_LOAD_AHEAD"
+MARGIN = 4 << 30
+PER_PROCESS = 1 << 30
+
+
+def enabled(environ=None):
+    """False when CRIU_GPUSHARE_LOAD_AHEAD says 0/no/false/off."""
+    value = (os.environ if environ is None else environ).get(ENV_SWITCH, "1")
+    return value.strip().lower() not in ("0", "no", "false", "off")
+
+
+def start(group, report=print):
+    """A StagedLoad started for group's units (group.manifest read) that fit; None when it is off
+    or there is nothing to load. What fits is decided in its thread (CUDA may start there)."""
+    if not enabled() or not group.units or group.manifest is None:
+        return None
+    return StagedLoad(lambda: placements(group), lambda: open_for_load(group.options, report),
+                      verify=group.options.verify).start()
+
+
+def placements(group):
+    """[(manifest Allocation, GPU ordinal here)] of group's units that fit on their GPUs now."""
+    allocations = {a.key: a for p in group.manifest.processes for a in p.allocations}
+    devices = {u.key: group.tool_device(u) for u in group.units}
+    need = {}
+    for u in group.units:
+        need[devices[u.key]] = need.get(devices[u.key], 0) + u.size
+    processes = len(group.pids_with_cuda())
+    room = {}
+    for device, n in need.items():
+        use_device(device)  # kept by this process: free_memory's own retain would not outlive it
+        room[device] = drv.free_memory(device) - n - MARGIN - PER_PROCESS * processes
+    out = []
+    for u in group.units:
+        allocation, device = allocations.get(u.manifest_key), devices[u.key]
+        if allocation is not None and 0 < allocation.size <= room[device]:
+            room[device] -= allocation.size
+            out.append((allocation, device))
+    return out
