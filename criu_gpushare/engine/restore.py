@@ -21,7 +21,7 @@
 from ..errors import ImageError
 from ..gpu import driver as drv
 from ..gpu.copy_engine import CHUNK_SIZE, ring_size
-from ..gpu.memory import pin_ahead
+from ..gpu.memory import pin_ahead, release_device, use_device
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree
 from ..store.backend import open_store
@@ -72,7 +72,8 @@ def check_gpus(images_dir, rec, gpu_map=None):
         if model and gpu["name"] != model:
             raise ImageError(images_dir, f"its GPU {uuid} was a {model}; {target} here is a "
                              f"{gpu['name']}: GPU state cannot move between models")
-        free = drv.free_memory(ordinal)
+        use_device(ordinal)  # kept for the ring and the load ahead (pin_ring_ahead gives it back)
+        free = drv.free_memory(ordinal)  # (its own retain alone would make and unmake the context)
         if need.get(uuid, 0) > free:
             raise ImageError(images_dir, f"needs {need[uuid] / 2**30:.2f} GiB on GPU {target}, "
                              f"which has {free / 2**30:.2f} GiB free")
@@ -89,8 +90,11 @@ def pin_ring_ahead(headroom, total_bytes):
     """Pin the load's ring now, in a thread, while CRIU restores the processes: pinning (0.1-0.2 s
     for 1 GiB) makes this process's context too (0.3 s), which the load would otherwise wait for.
     Only where every GPU of the restore has RING_AHEAD_MARGIN to spare: this process's
-    context then exists before the driver restores the processes' memory. -> whether it started."""
+    context then exists before the driver restores the processes' memory; elsewhere the context
+    check_gpus made is given back. -> whether it started."""
     if not headroom or min(headroom.values()) < RING_AHEAD_MARGIN or not total_bytes:
+        for ordinal in headroom or {}:
+            release_device(ordinal)
         return False
     pin_ahead(CHUNK_SIZE, ring_size(total_bytes), min(headroom))
     return True

@@ -35,6 +35,16 @@ def use_device(ordinal):
     return ctx
 
 
+def release_device(ordinal):
+    """Give back the device's primary context use_device retained: with nothing else holding it,
+    the driver destroys it and frees its GPU memory."""
+    with _contexts_lock:
+        ctx = _contexts.pop(ordinal, None)
+    if ctx is not None:
+        cu = drv.driver()
+        cu.cuDevicePrimaryCtxRelease(drv.check(cu.cuDeviceGet(ordinal), f"cuDeviceGet({ordinal})"))
+
+
 class ImportedAllocation:
     """A workload's allocation, imported from its exported fd and mapped read-write in the tool."""
 

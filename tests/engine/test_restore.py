@@ -34,6 +34,7 @@ def image(tmp_path, monkeypatch):
     gpus = [H200]
     monkeypatch.setattr(restore.drv, "gpu_inventory", lambda: gpus)
     monkeypatch.setattr(restore.drv, "free_memory", lambda ordinal: 2**30)
+    monkeypatch.setattr(restore, "use_device", lambda ordinal: None)
     return str(images), rec, store_dir, gpus, puts
 
 
@@ -128,7 +129,10 @@ def test_check_tells_each_gpus_room_to_spare(image):
 def test_the_loads_ring_is_pinned_ahead_only_where_every_gpu_has_room(monkeypatch, room, pinned):
     """Pinning ahead makes this process's context before the driver restores the processes' memory:
     on a GPU with little to spare the old order stays (the ring pinned by the load, after)."""
-    calls = []
+    calls, released = [], []
     monkeypatch.setattr(restore, "pin_ahead", lambda size, count, device: calls.append((size, count, device)))
+    monkeypatch.setattr(restore, "release_device", released.append)
     assert restore.pin_ring_ahead(room, 3 * restore.CHUNK_SIZE + 1) is pinned
     assert calls == ([(restore.CHUNK_SIZE, 4, 0)] if pinned else [])
+    # the contexts the GPU check made are kept only for the ring (and the load ahead)
+    assert released == ([] if pinned else sorted(room))
