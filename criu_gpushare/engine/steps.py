@@ -329,10 +329,12 @@ class Group:
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
                      for u in self.units]
+            opening = 0.0
             with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total,
                             pin_ahead=self.options.pin_ahead) as engine:
                 for unit, (alloc, stats) in zip(self.units, engine.save_all(items)):
                     self.stats.add(stats)
+                    opening += stats.opening
                     processes.setdefault(unit.owner, []).append(alloc)
             self.manifest = Manifest([ProcessEntry(pid, allocs) for pid, allocs in sorted(processes.items())],
                                      meta={"pids": self.pids, "gpus": self.gpus})
@@ -340,7 +342,8 @@ class Group:
             store.hold(self.options.ref, self.options.hold_kind, pid=self.pids[0])
             t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
-            self.parts["save"] = {"store commit (sync, manifest, ref)": time.monotonic() - t}
+            self.parts["save"] = {"save: open memory (fd, import, map)": opening,
+                                  "store commit (sync, manifest, ref)": time.monotonic() - t}
 
     def _progress(self, total, verb):
         """A line a second on long copies: bytes so far, rate, time left."""
@@ -455,8 +458,11 @@ class Group:
                                       functools.partial(self._mapped, u, exports),
                                       staged=staged.get(u.manifest_key))
                              for u in self.units]
+                    opening = 0.0
                     for stats in engine.load_all(items):
                         self.stats.add(stats)
+                        opening += stats.opening
+                    self.parts.setdefault("load", {})["load: open memory (fd, import, map)"] = opening
         finally:
             if self.ahead is not None:  # its GPU memory back before the workload runs on
                 self.ahead.close()
@@ -472,7 +478,7 @@ class Group:
         if self.ahead.error is not None:
             self.report(f"warning: loading ahead failed, the load reads the store: {self.ahead.error}")
         elif staged:  # (none where no GPU had the room)
-            self.parts["load"] = {"load ahead (not overlapped)": time.monotonic() - t}
+            self.parts.setdefault("load", {})["load ahead (not overlapped)"] = time.monotonic() - t
             self.report(f"loaded {size(self.ahead.bytes)} ahead in {self.ahead.seconds:.2f} s")
         return staged
 

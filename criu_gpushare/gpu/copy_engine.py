@@ -72,6 +72,7 @@ class CopyStats:
     unchanged: int = 0
     ahead: int = 0
     seconds: float = 0.0
+    opening: float = 0.0  # of seconds: in item.open() (the memory's fd, its import and mapping)
 
     def add(self, other):
         for f in dataclasses.fields(self):
@@ -189,12 +190,14 @@ class CopyEngine:
         cu = drv.driver()
         slot_futures = [None] * self.ring_slots
         next_slot = 0
-        saves = []  # (item, gpu ids, results, [(chunk index, future)], unchanged bytes, start time)
+        saves = []  # (item, gpu ids, results, [(chunk index, future)], unchanged bytes, start time,
+        #            seconds to open it)
         try:
             for item in items:
                 stream, events = self.prepare(item.device, ring=False)
                 t0 = time.monotonic()
                 with item.open() as ptr:
+                    opening = time.monotonic() - t0
                     gpu_ids, known = self._known(ptr, item.size, item.device, stream)
                     unchanged = sum(r.length for r in known if r is not None)
                     if unchanged:
@@ -220,7 +223,7 @@ class CopyEngine:
                         drv.check(cu.cuStreamSynchronize(stream), f"finish copying {item.key}")
                         if gpu_ids[0] is not None:
                             self._check_unchanged(item, ptr, gpu_ids, stream)
-                saves.append((item, gpu_ids, list(known), futures, unchanged, t0))
+                saves.append((item, gpu_ids, list(known), futures, unchanged, t0, opening))
             return [self._finish_save(*save) for save in saves]
         except BaseException:
             _settle([f for save in saves for _, f in save[3]] + [f for f in slot_futures if f])
@@ -253,13 +256,14 @@ class CopyEngine:
         self.progress(length)
         return result
 
-    def _finish_save(self, item, gpu_ids, results, futures, unchanged, t0):
+    def _finish_save(self, item, gpu_ids, results, futures, unchanged, t0, opening):
         chunks = self._chunks(item.size)
         for i, f in futures:
             results[i] = f.result()
             if gpu_ids[i] is not None:
                 _check_same_id(item.key, chunks[i][0], gpu_ids[i], results[i])
-        stats = CopyStats(copied=item.size - unchanged, unchanged=unchanged, seconds=time.monotonic() - t0)
+        stats = CopyStats(copied=item.size - unchanged, unchanged=unchanged, seconds=time.monotonic() - t0,
+                          opening=opening)
         for r in results:
             if r.status is PutStatus.NEW:
                 stats.written += r.length
@@ -356,6 +360,7 @@ class CopyEngine:
                 t0 = time.monotonic()
                 stats = CopyStats(copied=item.allocation.size)
                 with item.open() as ptr:
+                    stats.opening = time.monotonic() - t0
                     if item.staged is not None:
                         self._copy_staged(item, ptr, stream, on_gpu[k], stats)
                     else:

@@ -60,10 +60,10 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
                         "--dir", str(stores)], env=fake_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     table = r.stdout[r.stdout.index("stage "):]
-    for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers", "save",
+    for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers", "save, first", "save",
                   "save, every chunk hashed on the host too", "save, no host hash at all",
                   "save, copies only", "load", "load, no check", "load, copies only",
-                  "DMA from the page cache", "DMA into the page cache"):
+                  "device to device", "DMA from the page cache", "DMA into the page cache"):
         assert f"\n{stage} " in table, table
     assert "no usable GPU hasher here" in r.stdout
     assert list(stores.iterdir()) == []

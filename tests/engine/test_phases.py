@@ -5,10 +5,11 @@ from lctest import share, values, write
 from phasecheck import assert_phases_cover, timed_cli
 
 SUSPEND = ("tool start", "check (pids, settings, journal)", "discover", "quiesce", "save",
-           "store commit (sync, manifest, ref)", "release", "lock", "freeze", "checkpoint",
-           "holder or journal (start, ask, reply)")
+           "save: open memory (fd, import, map)", "store commit (sync, manifest, ref)", "release",
+           "lock", "freeze", "checkpoint", "holder or journal (start, ask, reply)")
 RESUME = ("tool start", "check (pids, journal)", "check (store)", "restore", "unlock", "thaw",
-          "recreate", "load", "attach", "reopen", "release holds", "holder or journal (start, ask, reply)")
+          "recreate", "load", "load: open memory (fd, import, map)", "attach", "reopen", "release holds",
+          "holder or journal (start, ask, reply)")
 
 
 def test_suspend_and_resume_phases_add_up_to_the_command(lc, workload, tmp_path):
