@@ -281,14 +281,14 @@ class Restore:
         """The GPUs checked, then the load's ring pinned and the store read into spare GPU memory
         where every GPU has room, in threads started now: CRIU restores the processes meanwhile,
         and its post-restore waits for the verdict (gpus_checked), not for the reading."""
-        def check_and_pin():
+        def check_and_prepare():
             room = restore.check_gpus(self.images_dir, self.record, self.settings.gpu_map)
             pinned = restore.pin_ring_ahead(room, sum(u["size"] for u in self.record["group"]["units"]))
             if pinned:
                 self._loading_ahead = restore.load_ahead(self.record, self.options(), self.manifest,
                                                          self.report)
             return pinned
-        self._gpus = _InThread(check_and_pin, "gpu-check")
+        self._gpus = _InThread(check_and_prepare, "gpu-check")
 
     def gpus_checked(self):
         """At CRIU's post-restore: the GPU check's verdict, waited for. A refusal (ImageError) is

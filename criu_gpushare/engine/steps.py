@@ -134,7 +134,7 @@ class Group:
         self.gpus = []
         self.manifest_id = None
         self._device_map = None
-        self.ahead = None         # a gpu/staging.StagedLoad the load takes from (engine/ahead.py)
+        self.loading_ahead = None  # a gpu/staging.StagedLoad the load takes from (engine/ahead.py)
         self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
 
     def begin_step(self, undo=False):
@@ -464,22 +464,23 @@ class Group:
                         opening += stats.opening
                     self.parts.setdefault("load", {})["load: open memory (fd, import, map)"] = opening
         finally:
-            if self.ahead is not None:  # its GPU memory back before the workload runs on
-                self.ahead.close()
+            if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
+                self.loading_ahead.close()
 
     def _loaded_ahead(self):
         """{manifest key: device pointer} of what engine/ahead.py loaded ahead, once it ended; the
         wait for it is a part of the load's time. A failure there is only reported: the load
         reads those allocations from the store itself."""
-        if self.ahead is None:
+        if self.loading_ahead is None:
             return {}
         t = time.monotonic()
-        staged = self.ahead.wait()
-        if self.ahead.error is not None:
-            self.report(f"warning: loading ahead failed, the load reads the store: {self.ahead.error}")
+        ahead = self.loading_ahead
+        staged = ahead.wait()
+        if ahead.error is not None:
+            self.report(f"warning: loading ahead failed, the load reads the store: {ahead.error}")
         elif staged:  # (none where no GPU had the room)
             self.parts.setdefault("load", {})["load ahead (not overlapped)"] = time.monotonic() - t
-            self.report(f"loaded {size(self.ahead.bytes)} ahead in {self.ahead.seconds:.2f} s")
+            self.report(f"loaded {size(ahead.bytes)} ahead in {ahead.seconds:.2f} s")
         return staged
 
     def _attach(self):

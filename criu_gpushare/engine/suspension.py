@@ -95,16 +95,16 @@ def resume_group(group, journal, verb="resume", checked=False, loading_ahead=Non
     journal.set(state=jn.RESUMING)
     if loading_ahead is None and "release" in group.done:
         loading_ahead = ahead.start(group, group.report)
-    group.ahead = loading_ahead
+    group.loading_ahead = loading_ahead
     try:
         Runner(group, journal).undo(verb)
     except BaseException as e:
         journal.set(state=before if before != jn.RESUMING else jn.SUSPENDED, error=str(e))
         raise
     finally:
-        if group.ahead is not None:
-            group.ahead.close()
-            group.ahead = None
+        if group.loading_ahead is not None:
+            group.loading_ahead.close()
+            group.loading_ahead = None
     t = time.monotonic()
     group.release_holds()
     group.times = {"check (store)": checked, **group.times, "release holds": time.monotonic() - t}
