@@ -445,24 +445,20 @@ class Group:
 
     def _load(self):
         try:
+            staged = self._loaded_ahead()
             with self._open_for_load() as store:
                 if self.manifest is None:  # a resume in a process other than the one that saved
                     self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
                 allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
                 total = sum(u.size for u in self.units)
                 with Exports(self.units, waits.UNDO_WAIT_S) as exports, \
-                        contextlib.ExitStack() as opened, \
                         CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
                                    progress=self._progress(total, "loaded")) as engine:
-                    t = time.monotonic()
-                    pointers = self._open_ahead(exports, opened)
-                    opening = time.monotonic() - t
-                    staged = self._loaded_ahead()
                     items = [LoadItem(allocs[u.manifest_key], self.tool_device(u),
-                                      (lambda p=pointers[u.key]: contextlib.nullcontext(p)) if u.key in pointers
-                                      else functools.partial(self._mapped, u, exports),
+                                      functools.partial(self._mapped, u, exports),
                                       staged=staged.get(u.manifest_key))
                              for u in self.units]
+                    opening = 0.0
                     for stats in engine.load_all(items):
                         self.stats.add(stats)
                         opening += stats.opening
@@ -470,15 +466,6 @@ class Group:
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
                 self.loading_ahead.close()
-
-    def _open_ahead(self, exports, opened):
-        """{unit key: pointer} of the units the load ahead has buffers for, mapped here now (on
-        `opened`), while it still reads the store: their opening leaves the load's critical path."""
-        if self.loading_ahead is None:
-            return {}
-        keys = self.loading_ahead.planned()
-        return {u.key: opened.enter_context(self._mapped(u, exports))
-                for u in self.units if u.manifest_key in keys}
 
     def _loaded_ahead(self):
         """{manifest key: device pointer} of what engine/ahead.py loaded ahead, once it ended; the

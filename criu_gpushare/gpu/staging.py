@@ -31,8 +31,8 @@ class _Stopped(Exception):
 class StagedLoad:
     """start() loads placements() ([(manifest Allocation, GPU ordinal)], asked in its thread)
     from open_store() (a context manager giving a store) into new buffers on those GPUs, checked
-    against their names when verify; planned() -> the keys it has buffers for, as soon as it
-    made them; wait() -> {allocation key: device pointer}; close() frees the buffers."""
+    against their names when verify; wait() -> {allocation key: device pointer}; close() frees
+    the buffers."""
 
     def __init__(self, placements, open_store, verify=True):
         self.placements, self.open_store, self.verify = placements, open_store, verify
@@ -41,8 +41,6 @@ class StagedLoad:
         self.seconds = None  # how long it ran, once it ended
         self.bytes = 0  # what it loaded, once it ended without error
         self._stop = threading.Event()
-        self._planned = threading.Event()
-        self._planned_keys = frozenset()
         self._thread = threading.Thread(target=self._run, name="load-ahead", daemon=True)
 
     def start(self):
@@ -54,8 +52,6 @@ class StagedLoad:
         try:
             placements = self.placements()
             self._allocate(placements)
-            self._planned_keys = frozenset(self.buffers)
-            self._planned.set()
             items = [LoadItem(a, dev, lambda p=self.buffers[a.key][0]: contextlib.nullcontext(p))
                      for a, dev in placements if a.key in self.buffers]
             total = sum(item.allocation.size for item in items)
@@ -70,13 +66,6 @@ class StagedLoad:
             self._free()
         finally:
             self.seconds = time.monotonic() - t0
-            self._planned.set()
-
-    def planned(self):
-        """The keys of the allocations it is loading, once their buffers are made (before their
-        bytes are in); a failure later still makes wait() answer {}."""
-        self._planned.wait()
-        return self._planned_keys
 
     def _allocate(self, placements):
         cu = drv.driver()

@@ -4,8 +4,7 @@
 
 Saves two allocations (8 MiB with two zero chunks, and 4 MiB), then, each case a key of the JSON
 line it prints:
-  staged     StagedLoad reads both into the tool's own GPU memory (planned() names them once their
-             buffers exist); the store's chunk files are
+  staged     StagedLoad reads both into the tool's own GPU memory; the store's chunk files are
              then removed, and load_all still brings both back whole into new memory, device to
              device (CopyStats.ahead); close() gives the buffers' GPU memory back
   damaged    a damaged chunk: StagedLoad ends with the error, wait() answers {}, nothing is held
@@ -75,7 +74,6 @@ def main():
     targets = {k: filled(m.size, 12345) for k, m in sources.items()}
     free_before = free_bytes()
     staged = StagedLoad(lambda: placements, lambda: Store.open(root)).start()
-    planned = sorted(staged.planned())
     ptrs = staged.wait()
     held = free_before - free_bytes()
     for name in os.listdir(os.path.join(root, "chunks")):
@@ -84,7 +82,7 @@ def main():
         stats = engine.load_all([LoadItem(allocs[k], 0, lambda p=targets[k].ptr: _open(p), staged=ptrs[k])
                                  for k in ("a", "b")])
     staged.close()
-    out["staged"] = {"keys": sorted(ptrs), "planned": planned, "bytes": staged.bytes, "error": repr(staged.error),
+    out["staged"] = {"keys": sorted(ptrs), "bytes": staged.bytes, "error": repr(staged.error),
                      "held": held, "same": all(contents(targets[k].ptr, targets[k].size) == want[k] for k in want),
                      "ahead": [s.ahead for s in stats], "zero": [s.zero for s in stats],
                      "freed": free_bytes() == free_before}
@@ -106,8 +104,7 @@ def main():
     too_big = Allocation("big", 1 << 50, allocs["b"].chunks)
     staged = StagedLoad(lambda: [(allocs["a"], 0), (too_big, 0), (allocs["b"], 0)],
                         lambda: Store.open(root)).start()
-    out["no_room"] = {"keys": sorted(staged.wait()), "planned": sorted(staged.planned()),
-                      "error": repr(staged.error)}
+    out["no_room"] = {"keys": sorted(staged.wait()), "error": repr(staged.error)}
     staged.close()
     out["no_room"]["freed"] = free_bytes() == free_before
 
