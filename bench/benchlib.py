@@ -7,6 +7,7 @@ tested on CPU machines by tests/cli/test_bench.py.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import mmap
@@ -657,6 +658,33 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
 
 
 # ----------------------------------------------------------------------------------------- disk rate
+
+def touch_memory(directory, size, chunk=64 << 20, threads=16):
+    """Write SIZE bytes into files under a memory-backed DIRECTORY (tmpfs) on THREADS threads,
+    then remove them: the seconds it took. A freshly started VM pays once for the first touch of
+    each page of its memory (1.3 s per 40 GiB measured on the H200's VM); done before the rows,
+    the first row's figure is that of a node in service, not of the machine's first minutes."""
+    block = os.urandom(1 << 20) * (chunk >> 20)
+    count = max(1, -(-size // chunk))
+    paths = [os.path.join(directory, f".bench-touch-{os.getpid()}-{i}") for i in range(threads)]
+
+    def write(k):
+        with open(paths[k], "wb") as f:
+            for _ in range(k, count, threads):
+                f.write(block)
+
+    t0 = time.monotonic()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+            list(pool.map(write, range(min(threads, count))))
+        return time.monotonic() - t0
+    finally:
+        for path in paths:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+
 
 def disk_rate(directory, size, chunk=64 << 20):
     """Sustained write then read of SIZE bytes in CHUNK blocks with O_DIRECT (dd oflag=direct):

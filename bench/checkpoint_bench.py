@@ -29,7 +29,9 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
   criu-cold  with --criu, disk store only: the same, the page cache dropped (sync, drop_caches;
              root) between the dump and the restore, so the restore reads the device
 Stores: tmpfs (--tmpfs, /dev/shm), with --huge-tmpfs also a tmpfs of huge pages mounted for the run
-(root), and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the repository); each one's own
+(root), and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the repository). Before the
+rows, each tmpfs gets the largest workload's size written and removed, so that a freshly started
+VM's first touch of its memory is not charged to the first row (--no-pretouch). Each store's own
 O_DIRECT write/read rate is measured in the same run, and each row's GB/s is printed as a share of
 it (out against its write rate, back against its read rate). With --s3, also an s3:// store on a
 SeaweedFS server this run starts on 127.0.0.1 (tests/s3server.py; `weed` on PATH or next to this
@@ -89,6 +91,9 @@ def parse_args(argv=None):
                          "its rows' store is tmpfs-huge")
     ap.add_argument("--s3", action="store_true", help="also an s3:// store on a loopback SeaweedFS server")
     ap.add_argument("--disk-rate-gib", type=float, default=8.0, help="bytes for the disk's own rate (scaled, min 1)")
+    ap.add_argument("--no-pretouch", action="store_true",
+                    help="leave a fresh machine's first touch of its memory to the first row (by default "
+                         "each tmpfs store first gets the largest workload's size written and removed)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
     ap.add_argument("--precheck", action="store_true",
                     help="criu rows: also time `store verify` of the dump's chunks before the restore "
@@ -351,6 +356,23 @@ def _empty_bucket(server, bucket):
             c.delete_objects(Bucket=bucket, Delete={"Objects": keys})
 
 
+def workload_bytes(args, name):
+    """The GPU memory workload `name` holds at the run's scale."""
+    gib = {"single": args.gib, "pair": 2 * args.pair_gib + args.shared_gib,
+           "many": args.count * args.count_mib / 1024, "empty": 0.0}[name]
+    return int(gib * args.scale * bl.GIB)
+
+
+def pretouch(targets, nbytes):
+    """Each memory-backed store's filesystem written nbytes and emptied again, timed (benchlib
+    touch_memory): the first row then measures the tool, not the VM's first touch of its memory."""
+    for target, tdir in targets:
+        if target.startswith("tmpfs") and nbytes:
+            secs = bl.touch_memory(tdir, nbytes)
+            print(f"{target}: memory touched first ({nbytes / bl.GIB:.1f} GiB written and removed "
+                  f"in {secs:.2f} s; --no-pretouch leaves this to the first row)", flush=True)
+
+
 def measure_rates(targets, gib):
     rates = {}
     for target, tdir in targets:
@@ -444,6 +466,8 @@ def main(argv=None):
                   + ", ".join(f"{t}={d}" for t, d in bench.targets) + f"; tool {' '.join(bl.tool_argv())}")
         rates = measure_rates(bench.targets, max(1.0, args.disk_rate_gib * args.scale))
         print(rates_text(rates), flush=True)
+        if not args.no_pretouch:
+            pretouch(bench.targets, max(workload_bytes(args, n) for n in names))
         for name in names:
             bench.run_workload(name, specs[name])
     except KeyboardInterrupt:

@@ -146,6 +146,24 @@ def test_disk_rate_measures_write_and_read(tmp_path):
     assert not list(tmp_path.iterdir()), "the rate file is removed"
 
 
+def test_memory_is_touched_before_the_rows_and_nothing_is_left(tmp_path, capsys, monkeypatch):
+    """checkpoint_bench's pretouch: each tmpfs store's filesystem written the largest workload's
+    size, then emptied; a disk store is left alone."""
+    import checkpoint_bench as cb
+    args = cb.parse_args(["--scale", "0.001", "--no-disk"])
+    size = max(cb.workload_bytes(args, n) for n in cb.WORKLOADS)
+    assert size == cb.workload_bytes(args, "pair") == int(41 * 0.001 * bl.GIB)
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    seen = []
+    real = bl.touch_memory
+    monkeypatch.setattr(cb.bl, "touch_memory", lambda d, n: seen.append((d, n)) or real(d, n, chunk=1 << 20))
+    cb.pretouch([("tmpfs", str(tmp_path)), ("disk", str(disk))], size)
+    assert seen == [(str(tmp_path), size)]
+    assert "tmpfs: memory touched first (0.0 GiB written and removed in" in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"], "the touch files are removed"
+
+
 def test_workload_file_protocol_end_to_end(tmp_path):
     """A stand-in workload (no GPU) through the same channel the bench workloads use."""
     stub = tmp_path / "stub.py"
