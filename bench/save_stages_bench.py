@@ -9,6 +9,8 @@ each row's difference from the first says what that stage costs:
 
   pin 1 GiB, cuMemHostAlloc / the tool's buffers   the ring's pinning (memory.PinnedBuffer)
   GPU chunk ids                                    the XXH3 kernel over all of it
+  GPU hasher made                                  its module loaded and self-tested: once per
+                                                   copy engine and GPU
   save, first                                      the run's first save: on a machine just booted
                                                    it also pays the first touch of the store's memory
   save                                             as the tool saves (GPU ids, a sample re-hashed)
@@ -16,6 +18,9 @@ each row's difference from the first says what that stage costs:
   save, no host hash at all                        put never hashes
   save, copies only                                device to the pinned ring, nothing stored
   load / load, no check / load, copies only        the same for the way back
+  load ahead                                       the load into a new buffer of the tool's own
+                                                   (gpu/staging.py: what a restore does while CRIU
+                                                   restores the processes)
   device to device                                 a second copy on the GPU (what a load ahead
                                                    leaves to the load step: engine/ahead.py)
   DMA into the page cache / DMA from the page cache
@@ -44,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from criu_gpushare.errors import DriverError  # noqa: E402
 from criu_gpushare.gpu import copy_engine as ce, driver as drv, memory  # noqa: E402
 from criu_gpushare.gpu.fingerprint import GpuHasher  # noqa: E402
+from criu_gpushare.gpu.staging import StagedLoad  # noqa: E402
 from criu_gpushare.store import base as store_base  # noqa: E402
 from criu_gpushare.store.results import PutResult, PutStatus  # noqa: E402
 from criu_gpushare.store.store import Store  # noqa: E402
@@ -94,6 +100,10 @@ def main():
     s, ring = timed(lambda: memory.pin_buffers(ce.CHUNK_SIZE, 16))
     row("pin 1 GiB, the tool's buffers", s, 2**30)
     memory.keep_pinned(ring)
+
+    def made_and_closed():
+        GpuHasher.create(0).close()  # what every copy engine pays once per GPU
+
     hasher = GpuHasher.create(0)
     if hasher is None:  # e.g. the tests' fake driver, which runs no kernels: every chunk is copied
         print("  GPU chunk ids: no usable GPU hasher here", flush=True)
@@ -101,6 +111,19 @@ def main():
         hasher.chunk_ids(ptr, size, ce.CHUNK_SIZE)  # the kernel's first launch apart
         row("GPU chunk ids", timed(lambda: hasher.chunk_ids(ptr, size, ce.CHUNK_SIZE))[0])
         hasher.close()
+        row("GPU hasher made (module, self-test)", best(lambda: timed(made_and_closed)[0]), 0)
+
+    def loaded_ahead(allocation):
+        """A load ahead of the whole allocation (buffer made, store read, checked): its seconds."""
+        t = time.monotonic()
+        staged = StagedLoad(lambda: [(allocation, 0)], lambda: Store.open(root)).start()
+        try:
+            staged.wait()
+            if staged.error is not None:
+                raise DriverError(f"loading ahead failed: {staged.error}")
+            return time.monotonic() - t
+        finally:
+            staged.close()
 
     def fresh_store():
         shutil.rmtree(root, ignore_errors=True)
@@ -134,6 +157,7 @@ def main():
         row("load, no check", best(lambda: load(allocation, False)))
         with mock.patch.object(Store, "get", lambda self, cid, buf, verify=True: None):
             row("load, copies only", best(lambda: load(allocation, False)))
+        row("load ahead (buffer made, read, checked)", best(lambda: loaded_ahead(allocation)))
         attempt("device to device", lambda: device_to_device(ptr, size))
         with Store.open(root) as store:
             paths = [store.chunk_path(c.id) for c in allocation.chunks]

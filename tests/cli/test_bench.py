@@ -63,7 +63,8 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
     for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers", "save, first", "save",
                   "save, every chunk hashed on the host too", "save, no host hash at all",
                   "save, copies only", "load", "load, no check", "load, copies only",
-                  "device to device", "DMA from the page cache", "DMA into the page cache"):
+                  "load ahead (buffer made, read, checked)", "device to device",
+                  "DMA from the page cache", "DMA into the page cache"):
         assert f"\n{stage} " in table, table
     assert "no usable GPU hasher here" in r.stdout
     assert list(stores.iterdir()) == []
