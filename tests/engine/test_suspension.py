@@ -67,3 +67,31 @@ def test_the_holder_answers_resume_and_nothing_else(run_dir, sleeper):
     work = suspension.SuspendWork(journal, Options(store=str(run_dir.parent / "store"), ref="r"))
     with pytest.raises(ProcessError, match="unknown holder command 'status'"):
         work.handle("status", {}, print)
+
+
+def test_a_resume_that_fails_stops_what_it_loaded_ahead_and_stays_resumable(run_dir, sleeper, monkeypatch):
+    """resume_group: whatever a step raises, the load ahead it was given (or started) is closed,
+    so its GPU memory is freed before the failure is reported, and the journal says the group is
+    still suspended (a later `resume` retries)."""
+    from criu_gpushare.engine.steps import Group
+    from criu_gpushare.errors import DriverError
+
+    class LoadingAhead:
+        closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    def failing_undo(runner, verb):
+        assert group.loading_ahead is given, "the steps see it"
+        raise DriverError("the recreate step failed")
+
+    monkeypatch.setattr(suspension.Runner, "undo", failing_undo)
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDED, store="s", ref="r")
+    group = Group([sleeper.pid], Options(store=str(run_dir.parent / "store"), ref="r"))
+    given = LoadingAhead()
+    with pytest.raises(DriverError, match="the recreate step failed"):
+        suspension.resume_group(group, journal, checked=True, loading_ahead=given)
+    assert given.closed == 1 and group.loading_ahead is None
+    assert jn.owner_of(sleeper.pid).state == jn.SUSPENDED
+    journal.close()
