@@ -81,3 +81,35 @@ def test_nothing_under_engine_exits_the_process():
             text = open(os.path.join(engine, name)).read().split('\nif __name__ == "__main__":')[0]
             found += [f"{name}: {m.group(0)}" for m in re.finditer(r"\bsys\.exit\b|\bexit\(", text)]
     assert not found, found
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_restore_that_fails_before_its_gpu_steps_stops_what_it_loads_ahead(monkeypatch, refused):
+    """Restore.stop_loading_ahead (CRIU's restore failed, or the GPU check refused): it waits for
+    the GPU check's thread, which may still start a load ahead, then closes what it started; a
+    refusal there was already reported where it was asked and is not raised again."""
+    from criu_gpushare.errors import ImageError
+
+    class LoadingAhead:
+        closed = 0
+
+        def close(self):
+            self.closed += 1
+
+    job = jobs.Restore("/images", jobs.load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull}))
+    job.record = {"store": "/recorded", "ref": "dump-1-x", "group": {"units": []}}
+    started = LoadingAhead()
+
+    def check_gpus(images_dir, rec, gpu_map):
+        if refused:
+            raise ImageError(images_dir, "no room")
+        return {0: 64 << 30}
+
+    monkeypatch.setattr(jobs.restore, "check_gpus", check_gpus)
+    monkeypatch.setattr(jobs.restore, "pin_ring_ahead", lambda room, total: True)
+    monkeypatch.setattr(jobs.restore, "load_ahead", lambda rec, options, manifest, report: started)
+    job.check_gpus_ahead()
+    job.stop_loading_ahead()
+    assert started.closed == (0 if refused else 1)
+    job.stop_loading_ahead()  # once only
+    assert started.closed == (0 if refused else 1)
