@@ -15,8 +15,7 @@ while they fit; the others load as before. CRIU_GPUSHARE_LOAD_AHEAD=0 turns it o
 """
 import os
 
-from ..gpu import driver as drv
-from ..gpu.memory import use_device
+from ..gpu.memory import free_memory
 from ..gpu.staging import StagedLoad
 from .steps import open_for_load
 
@@ -50,8 +49,7 @@ def placements(group):
     processes = len(group.pids_with_cuda())
     room = {}
     for device, n in need.items():
-        use_device(device)  # kept by this process: free_memory's own retain would not outlive it
-        room[device] = drv.free_memory(device) - n - MARGIN - PER_PROCESS * processes
+        room[device] = free_memory(device) - n - MARGIN - PER_PROCESS * processes
     out = []
     for u in group.units:
         allocation, device = allocations.get(u.manifest_key), devices[u.key]

@@ -21,7 +21,7 @@
 from ..errors import ImageError
 from ..gpu import driver as drv
 from ..gpu.copy_engine import CHUNK_SIZE, ring_size
-from ..gpu.memory import pin_ahead, release_device, use_device
+from ..gpu.memory import free_memory, pin_ahead, release_device
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree
 from ..store.backend import open_store
@@ -72,8 +72,7 @@ def check_gpus(images_dir, rec, gpu_map=None):
         if model and gpu["name"] != model:
             raise ImageError(images_dir, f"its GPU {uuid} was a {model}; {target} here is a "
                              f"{gpu['name']}: GPU state cannot move between models")
-        use_device(ordinal)  # kept for the ring and the load ahead (pin_ring_ahead gives it back)
-        free = drv.free_memory(ordinal)  # (its own retain alone would make and unmake the context)
+        free = free_memory(ordinal)  # its context kept for the ring and the load ahead (or given back)
         if need.get(uuid, 0) > free:
             raise ImageError(images_dir, f"needs {need[uuid] / 2**30:.2f} GiB on GPU {target}, "
                              f"which has {free / 2**30:.2f} GiB free")

@@ -466,6 +466,7 @@ class Group:
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
                 self.loading_ahead.close()
+                self.loading_ahead = None
 
     def _loaded_ahead(self):
         """{manifest key: device pointer} of what engine/ahead.py loaded ahead, once it ended; the

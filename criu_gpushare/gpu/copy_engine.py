@@ -353,6 +353,31 @@ class CopyEngine:
                 reads[(k, i)] = (slot, self.pool.submit(read, slot, chunk, self.verify_loads and not on_gpu[k]))
                 state["next"] += 1
 
+        def from_store(k, item, ptr, stream, events, stats):
+            host_check = on_gpu[k] and not self._gpu_checkable(item.allocation, ptr, item.device)
+            off = 0
+            for i, chunk in enumerate(item.allocation.chunks):
+                dst, off = int(ptr) + off, off + chunk.length
+                if chunk.is_zero:
+                    drv.check(cu.cuMemsetD8Async(dst, 0, chunk.length, stream), "zero a chunk")
+                    stats.zero += chunk.length
+                    continue
+                read_ahead()
+                slot, future = reads.pop((k, i))
+                future.result()
+                if host_check:  # read unchecked for the GPU check this pointer cannot have
+                    self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=True)
+                drv.check(cu.cuMemcpyHtoDAsync(dst, self._ring[slot].ptr, chunk.length, stream),
+                          f"copy {item.allocation.key} to the GPU")
+                drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
+                slot_copy[slot] = events[slot]
+                state["copied"] += 1
+                self.progress(chunk.length)
+            read_ahead()  # the next items' reads run while this copy ends
+            drv.check(cu.cuStreamSynchronize(stream), f"finish loading {item.allocation.key}")
+            if on_gpu[k] and not host_check:
+                self._check_on_gpu(item.allocation, ptr, item.device, stream)
+
         results = []
         try:
             for k, item in enumerate(items):
@@ -364,30 +389,7 @@ class CopyEngine:
                     if item.staged is not None:
                         self._copy_staged(item, ptr, stream, on_gpu[k], stats)
                     else:
-                        host_check = on_gpu[k] and not self._gpu_checkable(item.allocation, ptr,
-                                                                           item.device)
-                        off = 0
-                        for i, chunk in enumerate(item.allocation.chunks):
-                            dst, off = int(ptr) + off, off + chunk.length
-                            if chunk.is_zero:
-                                drv.check(cu.cuMemsetD8Async(dst, 0, chunk.length, stream), "zero a chunk")
-                                stats.zero += chunk.length
-                                continue
-                            read_ahead()
-                            slot, future = reads.pop((k, i))
-                            future.result()
-                            if host_check:  # read unchecked for the GPU check this pointer cannot have
-                                self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=True)
-                            drv.check(cu.cuMemcpyHtoDAsync(dst, self._ring[slot].ptr, chunk.length,
-                                                           stream), f"copy {item.allocation.key} to the GPU")
-                            drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
-                            slot_copy[slot] = events[slot]
-                            state["copied"] += 1
-                            self.progress(chunk.length)
-                        read_ahead()  # the next items' reads run while this copy ends
-                        drv.check(cu.cuStreamSynchronize(stream), f"finish loading {item.allocation.key}")
-                        if on_gpu[k] and not host_check:
-                            self._check_on_gpu(item.allocation, ptr, item.device, stream)
+                        from_store(k, item, ptr, stream, events, stats)
                 stats.seconds = time.monotonic() - t0
                 results.append(stats)
             return results

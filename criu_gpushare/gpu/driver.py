@@ -88,22 +88,6 @@ def gpu_inventory():
     return out
 
 
-def free_memory(ordinal):
-    """Free bytes on GPU `ordinal` now (through its primary context, retained and released)."""
-    cu = driver()
-    dev = check(cu.cuDeviceGet(ordinal), "cuDeviceGet")
-    ctx = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
-    try:
-        check(cu.cuCtxPushCurrent(ctx), "cuCtxPushCurrent")
-        try:
-            free, _ = check(cu.cuMemGetInfo(), "cuMemGetInfo")
-        finally:
-            check(cu.cuCtxPopCurrent(), "cuCtxPopCurrent")
-    finally:
-        cu.cuDevicePrimaryCtxRelease(dev)
-    return int(free)
-
-
 def format_uuid(raw):
     """16 bytes as nvidia-smi prints them: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx."""
     h = bytes(raw).hex()

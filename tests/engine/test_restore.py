@@ -33,8 +33,7 @@ def image(tmp_path, monkeypatch):
     record.write(str(images), rec)
     gpus = [H200]
     monkeypatch.setattr(restore.drv, "gpu_inventory", lambda: gpus)
-    monkeypatch.setattr(restore.drv, "free_memory", lambda ordinal: 2**30)
-    monkeypatch.setattr(restore, "use_device", lambda ordinal: None)
+    monkeypatch.setattr(restore, "free_memory", lambda ordinal: 2**30)
     return str(images), rec, store_dir, gpus, puts
 
 
@@ -101,7 +100,7 @@ def test_a_gpu_of_another_model_is_refused(image):
 
 def test_a_gpu_without_room_is_refused(image, monkeypatch):
     images, *_ = image
-    monkeypatch.setattr(restore.drv, "free_memory", lambda ordinal: 4096)
+    monkeypatch.setattr(restore, "free_memory", lambda ordinal: 4096)
     with pytest.raises(ImageError, match="needs 0.00 GiB on GPU GPU-aaaa, which has 0.00 GiB free"):
         check(images)
 
