@@ -115,13 +115,14 @@ def main():
         def get(self, cid, buf, verify=True):
             gets.append(cid)
             reading.set()
-            release.wait(5)
+            release.wait(10)
             return super().get(cid, buf, verify)
 
     staged = StagedLoad(lambda: placements, lambda: SlowStore.open(root)).start()
     reading.wait(10)
     closer = threading.Thread(target=staged.close)
     closer.start()
+    staged._stop.wait(10)  # close() has asked it to stop before the read it waits in returns
     release.set()
     closer.join(30)
     total = sum(1 for a, _ in placements for c in a.chunks if not c.is_zero)
