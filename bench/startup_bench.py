@@ -14,7 +14,19 @@ ignores; each command pays the same start before its first useful step. Cases:
   post-resume   the hook's post-resume with nothing to bring back: the start it pays before it asks
              the restore's holder
   status     `criu-gpushare status` with no workload running (an empty state directory)
-No GPU needed; run it on the machine whose figures you want.
+No GPU needed for those; run it on the machine whose figures you want.
+
+    python3 bench/startup_bench.py --gpu          # on a GPU machine: also the GPU's start, step by step
+
+--gpu adds the GPU side of a command's fixed start, timed step by step inside fresh interpreters
+(the median per step), then the exit of such a process seen from outside:
+  import     the driver bindings and the copy engine (what a save imports)
+  cuInit     the driver's start in this process
+  context    GPU 0's primary context retained and made current (memory.use_device)
+  stream     a copy stream and 16 events
+  hasher     the XXH3 module loaded and self-tested (fingerprint.GpuHasher.create)
+  ring       16 x 64 MiB pinned (memory.pin_buffers), as a save or load of 1 GiB or more pins
+  exit       the interpreter's exit with all that held (the driver tears the context down)
 """
 import argparse
 import json
@@ -43,6 +55,52 @@ def cases(py, images_dir):
     }
 
 
+GPU_STEPS = r"""
+import json, sys, time
+t = time.monotonic()
+marks = {}
+def mark(name):
+    global t
+    now = time.monotonic(); marks[name] = now - t; t = now
+from cuda.bindings import driver as cu
+from criu_gpushare.gpu import copy_engine, driver as drv, memory
+from criu_gpushare.gpu.fingerprint import GpuHasher
+mark("import")
+drv.driver()
+mark("cuInit")
+memory.use_device(0)
+mark("context")
+stream = drv.check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "stream")
+events = [drv.check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "event") for _ in range(16)]
+mark("stream")
+hasher = GpuHasher.create(0)
+if hasher is None:
+    sys.exit("no usable GPU hasher")
+mark("hasher")
+ring = memory.pin_buffers(copy_engine.CHUNK_SIZE, 16)
+mark("ring")
+print(json.dumps(marks), flush=True)
+"""
+
+
+def gpu_steps(py, env, runs):
+    """{step: median ms} of GPU_STEPS over `runs` fresh interpreters (after one not counted), with
+    'exit': the wall time less the steps and the bare interpreter's start."""
+    floor = statistics.median(time_once([py, "-c", "pass"], env) for _ in range(runs))
+    rows = []
+    for n in range(runs + 1):
+        t0 = time.monotonic()
+        proc = subprocess.run([py, "-c", GPU_STEPS], env=env, cwd=REPO, capture_output=True, text=True)
+        wall = time.monotonic() - t0
+        if proc.returncode != 0:
+            raise RuntimeError(f"GPU steps: exit {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        marks = json.loads(proc.stdout.strip().splitlines()[-1])
+        marks["exit"] = max(0.0, wall - floor - sum(marks.values()))
+        if n:
+            rows.append(marks)
+    return {k: round(statistics.median(r[k] for r in rows) * 1e3, 1) for k in rows[0]}
+
+
 def time_once(argv, env):
     t0 = time.monotonic()
     proc = subprocess.run(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -57,6 +115,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=10, help="runs per case (the median is reported)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter the tool is installed in")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    ap.add_argument("--gpu", action="store_true", help="also the GPU's start, step by step (needs a GPU)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="criu-gpushare-startup.") as run_dir:
         os.chmod(run_dir, 0o700)
@@ -76,12 +135,17 @@ def main(argv=None):
             results[name] = {"median_ms": round(statistics.median(runs) * 1e3, 1),
                              "min_ms": round(min(runs) * 1e3, 1), "max_ms": round(max(runs) * 1e3, 1),
                              "runs": args.runs, "command": " ".join(cmd)}
+        steps = gpu_steps(args.python, base, args.runs) if args.gpu else None
     if args.json:
-        print(json.dumps(results, indent=2))
+        print(json.dumps(dict(results, **({"gpu_steps_ms": steps} if steps else {})), indent=2))
         return 0
     print(f"{'case':<12} {'median ms':>10} {'min':>8} {'max':>8}  command")
     for name, r in results.items():
         print(f"{name:<12} {r['median_ms']:>10.1f} {r['min_ms']:>8.1f} {r['max_ms']:>8.1f}  {r['command']}")
+    if steps:
+        print(f"\nGPU start, step by step (median ms of {args.runs} fresh interpreters)")
+        for name, ms in steps.items():
+            print(f"{name:<12} {ms:>10.1f}")
     return 0
 
 

@@ -303,7 +303,7 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
     BENCHES=" ${BENCHES:-copy shim checkpoint allocator} "
     if [[ $BENCHES == *" copy "* ]]; then timeout 200 python3 bench/copy_bench.py --gib 8 2>&1 | tee "$OUT/bench.txt"; fi
     if [[ $BENCHES == *" shim "* ]]; then timeout 200 python3 bench/shim_bench.py --repeat 7 2>&1 | tee -a "$OUT/bench.txt"; fi
-    if [[ $BENCHES == *" startup "* ]]; then timeout 200 python3 bench/startup_bench.py 2>&1 | tee "$OUT/bench-startup.txt"; fi
+    if [[ $BENCHES == *" startup "* ]]; then timeout 200 python3 bench/startup_bench.py --gpu 2>&1 | tee "$OUT/bench-startup.txt"; fi
     if [[ $BENCHES == *" writes "* ]]; then
         timeout 300 python3 bench/write_paths_bench.py --huge-tmpfs --size "${BENCH_WRITES_SIZE:-16G}" 2>&1 | tee "$OUT/bench-writes.txt"
     fi

@@ -343,6 +343,7 @@ class Group:
             t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
             self.parts["save"] = {"save: open memory (fd, import, map)": opening,
+                                  **engine_setup("save", engine),
                                   "store commit (sync, manifest, ref)": time.monotonic() - t}
 
     def _progress(self, total, verb):
@@ -462,7 +463,8 @@ class Group:
                     for stats in engine.load_all(items):
                         self.stats.add(stats)
                         opening += stats.opening
-                    self.parts.setdefault("load", {})["load: open memory (fd, import, map)"] = opening
+                    self.parts.setdefault("load", {}).update({"load: open memory (fd, import, map)": opening,
+                                                              **engine_setup("load", engine)})
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
                 self.loading_ahead.close()
@@ -507,6 +509,12 @@ class Group:
                         store.release_hold(info)
         except StoreError as e:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
+
+
+def engine_setup(verb, engine):
+    """A CopyEngine's making ready, as parts of the step that ran it."""
+    return {f"{verb}: GPU start (context, stream, hasher)": engine.setup["start"],
+            f"{verb}: pin the ring": engine.setup["pin"]}
 
 
 def open_for_load(options, report=print):

@@ -105,6 +105,9 @@ class CopyEngine:
         self._events = {}
         self._hashers = {}  # device -> GpuHasher, or None where none is usable
         self._copied = {}  # device -> (chunks copied from it, their lengths): host check sampling
+        # seconds spent making ready, for the command's phases: "start" (a GPU's context, stream,
+        # events and hasher: paid once per GPU) and "pin" (the ring)
+        self.setup = {"start": 0.0, "pin": 0.0}
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -132,14 +135,20 @@ class CopyEngine:
         """The ring (shared by all devices; with ring=False not yet) and a stream + per-slot
         events on this device."""
         cu = drv.driver()
+        t = time.monotonic()
         use_device(device)
         if ring and self._ring is None:
+            self.setup["start"] += time.monotonic() - t
+            t = time.monotonic()
             self._ring = take_pinned(self.chunk_size, self.ring_slots)
+            self.setup["pin"] += time.monotonic() - t
+            t = time.monotonic()
         if device not in self._streams:
             flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
             self._streams[device] = drv.check(cu.cuStreamCreate(flags), "create a copy stream")
             self._events[device] = [drv.check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
                                               "create an event") for _ in range(self.ring_slots)]
+        self.setup["start"] += time.monotonic() - t
         return self._streams[device], self._events[device]
 
     def _chunks(self, size):
@@ -149,7 +158,9 @@ class CopyEngine:
         """The GpuHasher of `device`, made at first use; None when none is usable (then, once,
         a debug line says why)."""
         if device not in self._hashers:
+            t = time.monotonic()
             self._hashers[device] = GpuHasher.create(device) if self.gpu_hash else None
+            self.setup["start"] += time.monotonic() - t
         return self._hashers[device]
 
     def _known(self, ptr, size, device, stream):

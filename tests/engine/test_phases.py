@@ -5,10 +5,12 @@ from lctest import share, values, write
 from phasecheck import assert_phases_cover, timed_cli
 
 SUSPEND = ("tool start", "check (pids, settings, journal)", "discover", "quiesce", "save",
-           "save: open memory (fd, import, map)", "store commit (sync, manifest, ref)", "release",
+           "save: open memory (fd, import, map)", "save: GPU start (context, stream, hasher)",
+           "save: pin the ring", "store commit (sync, manifest, ref)", "release",
            "lock", "freeze", "checkpoint", "holder or journal (start, ask, reply)")
 RESUME = ("tool start", "check (pids, journal)", "check (store)", "restore", "unlock", "thaw",
-          "recreate", "load", "load: open memory (fd, import, map)", "attach", "reopen", "release holds",
+          "recreate", "load", "load: open memory (fd, import, map)", "load: GPU start (context, stream, hasher)",
+          "load: pin the ring", "attach", "reopen", "release holds",
           "holder or journal (start, ask, reply)")
 
 

@@ -34,8 +34,9 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     images = tmp_path / "images"
     r, wall = timed_cli(env["tool"], "dump", parent.pid, images, "--json")
     # where the time went, CRIU's part included, adds up to the whole command
-    assert_phases_cover(r, wall, "tool start", "criu start", "gpu out: plan, journal, record", "save",
-                        "save: open memory (fd, import, map)", "store commit (sync, manifest, ref)", "checkpoint",
+    assert_phases_cover(r, wall, "tool start", "criu start; gpu out: plan, journal, record", "save",
+                        "save: open memory (fd, import, map)", "save: GPU start (context, stream, hasher)",
+                        "save: pin the ring", "store commit (sync, manifest, ref)", "checkpoint",
                         "criu dump (freeze, memory, images)", "sync: store and image (post-dump)", "criu finish")
     parent.wait(10)
     reap([a.pid, b.pid])
@@ -50,7 +51,8 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     assert_phases_cover(r, wall, "tool start", "check (image, store)",
                         "criu restore (processes, host memory)", "check (GPUs, while CRIU restored)",
                         "criu resume (tasks run)", "gpu back: plan, journal",
-                        "restore", "load", "load: open memory (fd, import, map)", "reopen")
+                        "restore", "load", "load: open memory (fd, import, map)",
+                        "load: GPU start (context, stream, hasher)", "load: pin the ring", "reopen")
     assert json.loads(r.stdout)["pid"] == parent.pid
     # the fake GPUs (4 GiB) have too little to spare; an H200 has room for the ring
     assert json.loads(r.stdout)["ring_pinned_ahead"] is REAL_DRIVER, r.stdout
