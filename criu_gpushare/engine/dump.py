@@ -1,10 +1,12 @@
 """A CRIU dump's GPU side, in whichever process runs it: `criu-gpushare dump` itself (CRIU's RPC
 notifications arrive in that process) or the holder that the hook's `pre-dump` starts.
 
-  begin()       at pre-dump, tasks running: the CRIU_PRE_DUMP steps on the tree's processes with
+  begin()       by pre-dump, tasks running: the CRIU_PRE_DUMP steps on the tree's processes with
                 CUDA state (their GPU memory to the store, then the driver's checkpoint, so that CRIU
                 finds no GPU mapping and no /dev/nvidia* fd), and the record in the image directory.
-                A failure rolls back: CRIU aborts the dump, the workload runs as before.
+                A failure rolls back: CRIU aborts the dump, the workload runs as before. The hook's
+                holder runs it at pre-dump; `criu-gpushare dump` while CRIU starts (pre-dump waits
+                for it, and a CRIU that ends before pre-dump finds it undone).
   complete()    at post-dump, tasks seized: the store and CRIU's image are durable, the dump is
                 marked complete.
   after_criu()  once CRIU has let go of the tasks (its exit): tasks still alive (--leave-running,

@@ -142,18 +142,19 @@ class Dump:
         return cls(pid, os.path.realpath(images_dir), settings, report, cancel.Cancel())
 
     def run(self, criu, clock):
-        """CRIU's dump, the GPU steps at its notifications; -> the summary. criu: CRIU's options
-        (rpc.CriuOptions fields); clock: marks the phases (cli/phases.py PhaseClock)."""
+        """CRIU's dump, the GPU steps while CRIU starts (its pre-dump waits for them); -> the
+        summary. criu: CRIU's options (rpc.CriuOptions fields); clock: marks the phases
+        (cli/phases.py PhaseClock)."""
         pid, images_dir, job, interrupt = self.pid, self.images_dir, self.job, self.job.cancel
         options, plugins = _criu_options(criu)
         state = {"gpu": False}
+        gpu_out = None
 
         def on_notify(action, _pid):
             if action == "pre-dump":
-                clock.mark("criu start")
-                state["gpu"] = job.begin()
+                state["gpu"] = gpu_out.result()
                 clock.absorb(results.phases(job.group.times, job.group.parts) if state["gpu"] else {},
-                             "gpu out: plan, journal, record")
+                             "criu start; gpu out: plan, journal, record")
             elif action == "post-dump":
                 if interrupt.requested():  # CRIU then fails the dump and lets the tree run on
                     raise Cancelled(f"dump of {pid} cancelled by an interrupt at CRIU's post-dump: the "
@@ -174,6 +175,9 @@ class Dump:
         try:
             with cancel.on_interrupt(first_interrupt):
                 criu_ok = False
+                # The GPU steps need nothing of CRIU's before its pre-dump (which comes before it
+                # seizes any task): they run while CRIU starts, and pre-dump waits for them.
+                gpu_out = _InThread(job.begin, "gpu-out")
                 try:
                     rpc.dump(images_dir, pid, options, on_notify, on_worker=watch.criu_started)
                     criu_ok = True
@@ -181,6 +185,8 @@ class Dump:
                 finally:
                     if plugins:
                         shutil.rmtree(plugins, ignore_errors=True)
+                    if not gpu_out.delivered:  # CRIU failed before its pre-dump (or a Ctrl-C came
+                        state["gpu"] = gpu_out.outcome(self.report)  # in it): undo what ran meanwhile
                     if state["gpu"]:
                         job.after_criu(criu_ok)
                         clock.mark("gpu back (tasks run on)")
@@ -455,6 +461,7 @@ class _InThread:
 
     def __init__(self, fn, name):
         self._future = concurrent.futures.Future()
+        self.delivered = False  # whether result() has returned fn's value or raised its exception
 
         def run():
             try:
@@ -465,5 +472,17 @@ class _InThread:
         threading.Thread(target=run, name=name, daemon=True).start()
 
     def result(self):
-        return self._future.result()
+        try:
+            return self._future.result()
+        finally:
+            self.delivered = self._future.done()  # not when a Ctrl-C broke off the wait
+
+    def outcome(self, report):
+        """result(), or None once what it raised is reported: for a caller already failing for a
+        reason of its own, which comes first."""
+        try:
+            return self.result()
+        except BaseException as e:  # noqa: BLE001 - reported; the caller's own failure propagates
+            report(f"warning: {e}")
+            return None
 

@@ -20,6 +20,7 @@ from shimtest import fake_only  # noqa: E402
 
 from criudoors import (HOOK, assert_back, cli, door_dump, door_restore, hook_argv, state_files, state_of,
                        wait_gone, wait_no_holder)
+from criu_gpushare.engine.record import RECORD_NAME
 from criuwork import SockWorkload, reap
 from interrupts import paused, paused_env, tool_argv
 
@@ -81,6 +82,48 @@ def test_criu_failing_after_pre_dump_leaves_the_tree_running_whole(env, tree, tm
     if cause == "external-socket":
         a.do(f"closefd {fd}")
     assert_dumps_again(door, criu, env, tree, tmp_path)
+
+
+# -- CRIU fails before its pre-dump ------------------------------------------------------------
+# The wrapper takes the GPU state out while CRIU starts (engine/jobs.py Dump.run); a CRIU that
+# fails before it asks for pre-dump must find that undone. A stand-in `criu` answers --version
+# and, as `swrk`, exits without a word: at once, or once the GPU steps are done (they write the
+# image's record last).
+
+FAILING_CRIU = """#!/bin/sh
+case "$1" in
+  --version) echo "Version: 4.2.1" ;;
+  swrk)
+    i=0
+    while [ -n "$WAIT_FOR" ] && [ ! -e "$WAIT_FOR" ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done
+    echo "stand-in criu: ending before pre-dump" >&2
+    exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("when", ["at-once", "after-the-gpu-steps"])
+def test_criu_failing_before_pre_dump_leaves_the_tree_running_whole(env, tree, tmp_path, criu, when):
+    parent, a, b = tree
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "criu").write_text(FAILING_CRIU)
+    (bindir / "criu").chmod(0o755)
+    images = tmp_path / "images"
+    images.mkdir()
+    failing = dict(env, tool=dict(env["tool"], PATH=f"{bindir}:{env['tool']['PATH']}",
+                                  WAIT_FOR=str(images / RECORD_NAME) if when != "at-once" else ""))
+    r = cli(failing, "dump", parent.pid, images)
+    assert r.returncode == 11 and "Traceback" not in r.stderr, r.stderr
+    assert "criu swrk ended without an answer" in r.stderr, r.stderr
+    assert "bringing their GPU state back" in r.stderr, r.stderr
+    if when != "at-once":  # the GPU steps had run: they were undone
+        assert (images / RECORD_NAME).exists()
+    assert_back(env, a, b)
+    assert refs(tmp_path) == []
+    assert_store_consistent(env, tmp_path)
+    assert not state_files(env), state_files(env)
+    assert_dumps_again("wrapper", criu, env, tree, tmp_path)
 
 
 # -- a process killed during the dump ----------------------------------------------------------
