@@ -467,8 +467,11 @@ class Group:
                                                               **engine_setup("load", engine)})
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
+                t, held = time.monotonic(), bool(self.loading_ahead.buffers)
                 self.loading_ahead.close()
                 self.loading_ahead = None
+                if held:
+                    self.parts.setdefault("load", {})["load: free what was loaded ahead"] = time.monotonic() - t
 
     def _loaded_ahead(self):
         """{manifest key: device pointer} of what engine/ahead.py loaded ahead, once it ended; the

@@ -26,7 +26,8 @@ def test_a_resume_loads_ahead_where_the_gpu_has_room(lc, workload, tmp_path):
         if cycle == 1:
             lc.kill_holders()  # the second resume runs from the journal, in the command
         r, wall = timed_cli(roomy(lc), "resume", a.pid, "--json")
-        phases = assert_phases_cover(r, wall, "restore", "recreate", "load", "load ahead (not overlapped)")
+        phases = assert_phases_cover(r, wall, "restore", "recreate", "load", "load ahead (not overlapped)",
+                                     "load: free what was loaded ahead")
         out = json.loads(r.stdout)
         assert out["bytes"]["loaded_ahead"] == out["bytes"]["copied"] > 0, out["bytes"]
         assert values(b, "buf") == [40 + cycle] * 4 and values(a, "big") == [50 + cycle] * 4
@@ -47,4 +48,5 @@ def test_without_room_or_switched_off_the_load_reads_the_store(lc, workload, tmp
         out = json.loads(r.stdout)
         assert out["bytes"]["loaded_ahead"] == 0 and out["bytes"]["copied"] > 0, out["bytes"]
         assert "load ahead (not overlapped)" not in out["phases"], out["phases"]
+        assert "load: free what was loaded ahead" not in out["phases"], out["phases"]
         assert values(a, "buf") == [77 + value] * 4
