@@ -18,6 +18,10 @@ each row's difference from the first says what that stage costs:
   save, no host hash at all                        put never hashes
   save, copies only                                device to the pinned ring, nothing stored
   load / load, no check / load, copies only        the same for the way back
+  load, reads only                                 the store read into the ring, nothing copied to
+                                                   the GPU: what reading alone allows
+  load, no check, 32 slots and workers             twice the ring and the readers: whether the
+                                                   load's reading is bound by them
   load ahead                                       the load into a new buffer of the tool's own
                                                    (gpu/staging.py: what a restore does while CRIU
                                                    restores the processes)
@@ -133,8 +137,9 @@ def main():
         with fresh_store() as store, ce.CopyEngine(store, total_bytes=size) as engine:
             return timed(lambda: engine.save("a", ptr, size, 0))
 
-    def load(allocation, verify):
-        with Store.open(root) as store, ce.CopyEngine(store, verify_loads=verify, total_bytes=size) as engine:
+    def load(allocation, verify, slots=16):
+        with Store.open(root) as store, ce.CopyEngine(store, ring_slots=slots, workers=slots, verify_loads=verify,
+                                                      total_bytes=size) as engine:
             return timed(lambda: engine.load(allocation, ptr, 0))[0]
 
     try:
@@ -157,6 +162,10 @@ def main():
         row("load, no check", best(lambda: load(allocation, False)))
         with mock.patch.object(Store, "get", lambda self, cid, buf, verify=True: None):
             row("load, copies only", best(lambda: load(allocation, False)))
+        cu = drv.driver()
+        with mock.patch.object(cu, "cuMemcpyHtoDAsync", lambda *a: (cu.CUresult.CUDA_SUCCESS,)):
+            row("load, reads only", best(lambda: load(allocation, False)))
+        row("load, no check, 32 slots and workers", best(lambda: load(allocation, False, slots=32)))
         row("load ahead (buffer made, read, checked)", best(lambda: loaded_ahead(allocation)))
         attempt("device to device", lambda: device_to_device(ptr, size))
         with Store.open(root) as store:
