@@ -89,10 +89,9 @@ class CopyEngine:
         chunk even where the GPU could tell it unchanged (CRIU_GPUSHARE_GPU_HASH=0 does too).
         total_bytes, when the caller knows what it will move, caps the pinned ring to it: pinning
         1 GiB costs a near-empty process more than its whole copy. pin_ahead: a save in a process
-        that loads next (a suspend's holder), which wants the ring whether or not this save copies
-        anything: it is pinned in the background from the save's start (memory.pin_ahead), while
-        the memory is opened and its chunk ids computed, and a resume of unchanged memory pays for
-        it no more than one after a full copy."""
+        that loads next (a suspend's holder): when nothing crossed the link, so no ring was pinned,
+        the load's ring is pinned in the background from close() on (memory.pin_ahead), and a
+        resume of unchanged memory pays for it no more than one after a full copy."""
         if total_bytes is not None:
             ring_slots = ring_size(total_bytes, ring_slots, chunk_size)
         # Measured on an H200 (16 cores, store on tmpfs): 8 slots/8 workers 9.8 GB/s out, 16/16 14.2.
@@ -117,6 +116,8 @@ class CopyEngine:
             if hasher is not None:
                 hasher.close()
         keep_pinned(self._ring or [])  # for the next engine of this process (memory.take_pinned)
+        if self.pin_ahead and self._ring is None and self._streams:
+            pin_ahead(self.chunk_size, self.ring_slots, next(iter(self._streams)))
         self._ring = None
         for stream in self._streams.values():
             cu.cuStreamDestroy(stream)
@@ -205,8 +206,6 @@ class CopyEngine:
         try:
             for item in items:
                 stream, events = self.prepare(item.device, ring=False)
-                if self.pin_ahead and self._ring is None and not saves:
-                    pin_ahead(self.chunk_size, self.ring_slots, item.device)
                 t0 = time.monotonic()
                 with item.open() as ptr:
                     opening = time.monotonic() - t0

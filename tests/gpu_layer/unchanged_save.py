@@ -108,7 +108,6 @@ def main():
                 out["lie"] = str(e)
         out["hasher_calls"] = hasher.calls
         out["pin_ahead"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3)
-        out["pin_ahead_cold"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3, cold=True)
         out["changed"] = written_while_saved(session, store, mem, size, chunk, alloc3)  # last: it writes
     json.dump(out, sys.stdout)
 
@@ -141,12 +140,9 @@ def written_while_saved(session, store, mem, size, chunk, alloc):
             return str(e)
 
 
-def pinned_for_the_load(session, store, mem, size, chunk, alloc, cold=False):
-    """A suspend of unchanged memory (cold: one chunk missing from the store, so the save copies),
-    then its resume, in one holder: buffers pinned ahead (in the background, from the save's start)
-    and on the load's path."""
-    if cold:
-        os.unlink(store.chunks.chunk_path(alloc.chunks[3].id))
+def pinned_for_the_load(session, store, mem, size, chunk, alloc):
+    """A suspend of unchanged memory, then its resume, in one holder: buffers pinned ahead (in the
+    background, after the save's engine) and on the load's path."""
     with memory._kept_lock:  # what earlier engines kept: none of it for this case
         for b in memory._kept:
             b.free()
