@@ -135,6 +135,7 @@ class Group:
         self.manifest_id = None
         self._device_map = None
         self.loading_ahead = None  # a gpu/staging.StagedLoad the load takes from (engine/ahead.py)
+        self.closing = 0.0        # seconds the save or the load spent closing memory (_mapped)
         self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
 
     def begin_step(self, undo=False):
@@ -308,7 +309,11 @@ class Group:
         fd = exports.take(unit)
         try:
             with ImportedAllocation(fd, unit.size, self.tool_device(unit)) as mem:
-                yield mem.ptr
+                try:
+                    yield mem.ptr
+                finally:
+                    t = time.monotonic()
+            self.closing += time.monotonic() - t  # unmapping and releasing it (a phase part)
         finally:
             os.close(fd)
 
@@ -329,7 +334,7 @@ class Group:
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
                      for u in self.units]
-            opening = 0.0
+            opening, self.closing = 0.0, 0.0
             with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total,
                             pin_ahead=self.options.pin_ahead) as engine:
                 for unit, (alloc, stats) in zip(self.units, engine.save_all(items)):
@@ -343,6 +348,7 @@ class Group:
             t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
             self.parts["save"] = {"save: open memory (fd, import, map)": opening,
+                                  "save: close memory (unmap, release)": self.closing,
                                   **engine_setup("save", engine),
                                   "store commit (sync, manifest, ref)": time.monotonic() - t}
 
@@ -459,12 +465,13 @@ class Group:
                                       functools.partial(self._mapped, u, exports),
                                       staged=staged.get(u.manifest_key))
                              for u in self.units]
-                    opening = 0.0
+                    opening, self.closing = 0.0, 0.0
                     for stats in engine.load_all(items):
                         self.stats.add(stats)
                         opening += stats.opening
-                    self.parts.setdefault("load", {}).update({"load: open memory (fd, import, map)": opening,
-                                                              **engine_setup("load", engine)})
+                    self.parts.setdefault("load", {}).update({
+                        "load: open memory (fd, import, map)": opening,
+                        "load: close memory (unmap, release)": self.closing, **engine_setup("load", engine)})
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
                 t, held = time.monotonic(), bool(self.loading_ahead.buffers)

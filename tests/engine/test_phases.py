@@ -5,13 +5,14 @@ from lctest import share, values, write
 from phasecheck import assert_phases_cover, timed_cli
 
 SUSPEND = ("tool start", "check (pids, settings, journal)", "discover", "quiesce", "save",
-           "save: open memory (fd, import, map)", "save: GPU start (context, stream, hasher)",
-           "save: pin the ring", "store commit (sync, manifest, ref)", "release",
-           "lock", "freeze", "checkpoint", "holder or journal (start, ask, reply)")
+           "save: open memory (fd, import, map)", "save: close memory (unmap, release)",
+           "save: GPU start (context, stream, hasher)", "save: pin the ring",
+           "store commit (sync, manifest, ref)", "release", "lock", "freeze", "checkpoint",
+           "holder or journal (start, ask, reply)")
 RESUME = ("tool start", "check (pids, journal)", "check (store)", "restore", "unlock", "thaw",
-          "recreate", "load", "load: open memory (fd, import, map)", "load: GPU start (context, stream, hasher)",
-          "load: pin the ring", "attach", "reopen", "release holds",
-          "holder or journal (start, ask, reply)")
+          "recreate", "load", "load: open memory (fd, import, map)", "load: close memory (unmap, release)",
+          "load: GPU start (context, stream, hasher)", "load: pin the ring", "attach", "reopen",
+          "release holds", "holder or journal (start, ask, reply)")
 
 
 def test_suspend_and_resume_phases_add_up_to_the_command(lc, workload, tmp_path):
