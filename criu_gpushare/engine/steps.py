@@ -472,6 +472,10 @@ class Group:
                     self.parts.setdefault("load", {}).update({
                         "load: open memory (fd, import, map)": opening,
                         "load: close memory (unmap, release)": self.closing, **engine_setup("load", engine)})
+                    if staged:
+                        self.parts["load"].update({
+                            "load: copy what was loaded ahead (device to device)": engine.staged["copy"],
+                            "load: check it on the GPU": engine.staged["check"]})
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
                 t, held = time.monotonic(), bool(self.loading_ahead.buffers)

@@ -108,6 +108,8 @@ class CopyEngine:
         # seconds spent making ready, for the command's phases: "start" (a GPU's context, stream,
         # events and hasher: paid once per GPU) and "pin" (the ring)
         self.setup = {"start": 0.0, "pin": 0.0}
+        # of a load's copies from what was loaded ahead: the copies themselves and their GPU check
+        self.staged = {"copy": 0.0, "check": 0.0}
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -416,11 +418,15 @@ class CopyEngine:
         link's copies are."""
         cu = drv.driver()
         size = item.allocation.size
+        t = time.monotonic()
         drv.check(cu.cuMemcpyDtoDAsync(int(ptr), int(item.staged), size, stream),
                   f"copy {item.allocation.key} from what was loaded ahead")
         drv.check(cu.cuStreamSynchronize(stream), f"finish copying {item.allocation.key}")
+        self.staged["copy"] += time.monotonic() - t
+        t = time.monotonic()
         if check_on_gpu and self._gpu_checkable(item.allocation, ptr, item.device):
             self._check_on_gpu(item.allocation, ptr, item.device, stream)
+        self.staged["check"] += time.monotonic() - t
         stats.ahead = size
         stats.zero = sum(c.length for c in item.allocation.chunks if c.is_zero)
         self.progress(size)
