@@ -63,13 +63,17 @@ PTX_FILE = "criu_gpushare/gpu/xxh3.ptx"
 
 
 def ptx_is_stale(ptx_path=PTX_FILE, source=PTX_SOURCE):
-    """Whether the PTX's recorded source hash (scripts/build-ptx.sh writes it) is not the .cu's."""
-    with open(source, "rb") as f:
-        want = hashlib.sha256(f.read()).hexdigest()
+    """Whether the PTX's recorded hashes (scripts/build-ptx.sh writes them) are not those of the
+    .cu and of the fatbin beside it."""
+    def sha256(path):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
     try:
         with open(ptx_path) as f:
             f.readline()
-            return f.readline().strip() != f"// source-sha256: {want}"
+            head = [f.readline().strip() for _ in range(2)]
+        return head != [f"// source-sha256: {sha256(source)}",
+                        f"// fatbin-sha256: {sha256(ptx_path[:-len('.ptx')] + '.fatbin')}"]
     except FileNotFoundError:
         return True
 

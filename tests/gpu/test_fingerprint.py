@@ -1,7 +1,8 @@
 """The GPU chunk ids (criu_gpushare/gpu/fingerprint.py) are the store's, bit for bit; and fast.
 
 Runs tests/gpu/fingerprint_check.py in a child process (pytest itself never loads the driver) and
-records `PROBE fingerprint gbps=... secs=... gib=...` (printed, and appended to $PROBE_RECORD).
+records `PROBE fingerprint_fatbin gbps=... secs=... gib=... hasher_ms=...` and the same for
+`fingerprint_ptx` (printed, and appended to $PROBE_RECORD).
 Standalone: python3 -m pytest tests/gpu/test_fingerprint.py
 """
 from __future__ import annotations
@@ -20,17 +21,21 @@ REPO = HERE.parents[1]
 
 
 @pytest.mark.timeout(300)
-def test_gpu_chunk_ids_match_xxhash_and_throughput(capsys):
-    """GPU chunk ids equal xxhash's XXH3-128 for every length class; GB/s over 8 GiB."""
-    env = {**os.environ, **NO_MULTICAST_ENV}
+@pytest.mark.parametrize("source", ["fatbin", "ptx"])
+def test_gpu_chunk_ids_match_xxhash_and_throughput(capsys, source):
+    """GPU chunk ids equal xxhash's XXH3-128 for every length class; GB/s over 8 GiB. The kernel as
+    the tool loads it (xxh3.fatbin, whose machine code an H200 runs as it is) and from the PTX (the
+    fallback); the driver's JIT cache off, so that hasher_ms shows what a fresh node pays."""
+    env = {**os.environ, **NO_MULTICAST_ENV, "CUDA_CACHE_DISABLE": "1"}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, str(HERE / "fingerprint_check.py"), "--gib", "8"],
+    proc = subprocess.run([sys.executable, str(HERE / "fingerprint_check.py"), "--gib", "8", "--from", source],
                           env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["loaded_from"] == f"xxh3.{source}", out  # the driver took the fatbin
     with capsys.disabled():
         print()
-        record("fingerprint", gib=out["gib"], chunks=out["chunks"], secs=out["secs"],
+        record(f"fingerprint_{source}", gib=out["gib"], chunks=out["chunks"], secs=out["secs"],
                gbps=out["gbps"], one_chunk_ms=out["one_chunk_ms"], hasher_ms=out["hasher_ms"],
                est_40gib_s=out["est_40gib_s"],
                checked=out["checked"], mismatches=len(out["mismatches"]),

@@ -1,8 +1,11 @@
-"""The committed PTX (criu_gpushare/gpu/xxh3.ptx) is the one scripts/build-ptx.sh makes of xxh3.cu.
+"""The committed PTX and fatbin (criu_gpushare/gpu/xxh3.ptx, xxh3.fatbin) are the ones
+scripts/build-ptx.sh makes of xxh3.cu.
 
-The tool loads the PTX (no toolkit where it runs), so a .cu edited without regenerating the PTX
-would run the old kernel: the PTX's header records the SHA-256 of its source. Where nvcc is
-installed, the .cu must also build for sm_90 and the committed PTX must assemble for it.
+The tool loads the fatbin, else the PTX (no toolkit where it runs), so a .cu edited without
+regenerating them would run the old kernel: the PTX's header records the SHA-256 of its source and
+of the fatbin made with it. Where nvcc is installed, the .cu must also build for sm_90 and the
+committed PTX must assemble for it; where it is the nvcc that made them, the fatbin is made again
+byte for byte (nvcc's output depends only on the source and its own version).
 """
 import hashlib
 import os
@@ -26,14 +29,27 @@ def nvcc():
     return None
 
 
-def test_committed_ptx_comes_from_the_current_source():
-    with open(SOURCE, "rb") as f:
-        want = hashlib.sha256(f.read()).hexdigest()
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def ptx_header():
     with open(fingerprint.PTX_PATH) as f:
-        head = [f.readline() for _ in range(2)]
-    match = re.match(r"// source-sha256: ([0-9a-f]{64})$", head[1].strip())
+        return [f.readline().strip() for _ in range(3)]
+
+
+def test_committed_ptx_comes_from_the_current_source():
+    match = re.match(r"// source-sha256: ([0-9a-f]{64})$", ptx_header()[1])
     assert match, f"{fingerprint.PTX_PATH}: no source-sha256 line; regenerate with scripts/build-ptx.sh"
-    assert match.group(1) == want, "xxh3.cu changed since xxh3.ptx was made: run scripts/build-ptx.sh"
+    assert match.group(1) == sha256(SOURCE), "xxh3.cu changed since xxh3.ptx was made: run scripts/build-ptx.sh"
+
+
+def test_committed_fatbin_was_made_with_the_ptx():
+    match = re.match(r"// fatbin-sha256: ([0-9a-f]{64})$", ptx_header()[2])
+    assert match, f"{fingerprint.PTX_PATH}: no fatbin-sha256 line; regenerate with scripts/build-ptx.sh"
+    assert match.group(1) == sha256(fingerprint.FATBIN_PATH), \
+        "xxh3.fatbin is not the one made with xxh3.ptx: run scripts/build-ptx.sh"
 
 
 def test_ptx_declares_the_kernel_for_sm_90():
@@ -52,3 +68,21 @@ def test_source_builds_and_ptx_assembles_for_sm_90(tmp_path):
     ptxas = os.path.join(os.path.dirname(nvcc()), "ptxas")
     subprocess.run([ptxas, "-arch=sm_90", "-o", str(tmp_path / "ptx.cubin"), fingerprint.PTX_PATH],
                    check=True, capture_output=True, timeout=120)
+
+
+def nvcc_release(path):
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=60).stdout
+    return re.search(r"release [\d.]+, V[\d.]+", out).group(0)
+
+
+@pytest.mark.skipif(nvcc() is None, reason="nvcc is not installed here")
+def test_fatbin_is_made_again_byte_for_byte_by_the_same_nvcc(tmp_path):
+    with open(fingerprint.PTX_PATH) as f:
+        made_by = re.search(r"release [\d.]+, V[\d.]+", f.read(4000)).group(0)
+    if nvcc_release(nvcc()) != made_by:
+        pytest.skip(f"nvcc here is {nvcc_release(nvcc())}, the committed files were made by {made_by}")
+    out = tmp_path / "xxh3.fatbin"  # build-ptx.sh's flags
+    subprocess.run([nvcc(), "-fatbin", "-O3", "-gencode", "arch=compute_90,code=sm_90",
+                    "-gencode", "arch=compute_100,code=sm_100", "-gencode", "arch=compute_90,code=compute_90",
+                    "-o", str(out), SOURCE], check=True, capture_output=True, timeout=300)
+    assert sha256(out) == sha256(fingerprint.FATBIN_PATH)
