@@ -473,9 +473,8 @@ class Group:
                         "load: open memory (fd, import, map)": opening,
                         "load: close memory (unmap, release)": self.closing, **engine_setup("load", engine)})
                     if staged:
-                        self.parts["load"].update({
-                            "load: copy what was loaded ahead (device to device)": engine.staged["copy"],
-                            "load: check it on the GPU": engine.staged["check"]})
+                        self.parts["load"]["load: copy what was loaded ahead (device to device)"] = \
+                            engine.staged_copy_seconds
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
                 t, held = time.monotonic(), bool(self.loading_ahead.buffers)
