@@ -481,7 +481,8 @@ class Group:
                 self.loading_ahead.close()
                 self.loading_ahead = None
                 if held:
-                    self.parts.setdefault("load", {})["load: free what was loaded ahead"] = time.monotonic() - t
+                    freed = time.monotonic() - t
+                    self.parts.setdefault("load", {})["load: free what was loaded ahead"] = freed
 
     def _loaded_ahead(self):
         """{manifest key: device pointer} of what engine/ahead.py loaded ahead, once it ended; the

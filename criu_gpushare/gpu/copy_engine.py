@@ -329,8 +329,7 @@ class CopyEngine:
         next items' chunks overlaps copying this one's; each item's memory is open (item.open())
         until its host-to-device copies are done and, with verify_loads, checked. With
         verify_loads every chunk is checked against its name: on the GPU after the copy when it
-        can (the whole allocation hashed at TB/s, so the check costs the load nothing), else on
-        the host as each chunk is read. An item loaded ahead (its `staged` bytes, gpu/staging.py,
+        can (the whole allocation hashed at TB/s), else on the host as each chunk is read. An item loaded ahead (its `staged` bytes, gpu/staging.py,
         checked there) is copied device to device instead of read."""
         cu = drv.driver()
         items = list(items)
@@ -342,7 +341,8 @@ class CopyEngine:
                                  f"not {item.allocation.size}")
         # Imported and re-created memory is mapped at the granularity, so every pointer suits the
         # GPU check; one that does not is caught when open and its chunks checked on the host.
-        on_gpu = [item.staged is None and self._gpu_checkable(item.allocation, 0, item.device) for item in items]
+        on_gpu = [item.staged is None and self._gpu_checkable(item.allocation, 0, item.device)
+                  for item in items]
         order = [(k, i) for k, item in enumerate(items) if item.staged is None
                  for i, c in enumerate(item.allocation.chunks) if not c.is_zero]
         reads = {}  # (item, chunk) -> (slot, future) for reads started and not yet copied
@@ -415,7 +415,7 @@ class CopyEngine:
         """An item loaded ahead (gpu/staging.py, which checked its bytes as this engine checks
         what it reads): copied device to device, and trusted as the driver's copies are. Not
         checked a second time: on the H200 that check took 0.16 s for 40 GiB here (0.02 s for the
-        same kernel on a GPU kept busy), a tenth of a restore's GPU side."""
+        same kernel on a GPU kept busy), about a tenth of a restore's GPU side."""
         cu = drv.driver()
         size = item.allocation.size
         t = time.monotonic()
