@@ -26,7 +26,6 @@ fatbin=${out%.ptx}.fatbin
 tmp=$(mktemp "${out}.XXXXXXXX")
 trap 'rm -f "$tmp" "$tmp.ptx" "$tmp.fatbin"' EXIT
 "$nvcc" -arch=compute_90 -ptx -O3 -o "$tmp.ptx" "$src"
-# (test_xxh3_ptx.py makes the fatbin with these same flags: keep them in step)
 "$nvcc" -fatbin -O3 -gencode arch=compute_90,code=sm_90 -gencode arch=compute_100,code=sm_100 \
   -gencode arch=compute_90,code=compute_90 -o "$tmp.fatbin" "$src"
 {

@@ -135,7 +135,6 @@ class Group:
         self.manifest_id = None
         self._device_map = None
         self.loading_ahead = None  # a gpu/staging.StagedLoad the load takes from (engine/ahead.py)
-        self.closing = 0.0        # seconds the save or the load spent closing memory (_mapped)
         self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
 
     def begin_step(self, undo=False):
@@ -309,11 +308,7 @@ class Group:
         fd = exports.take(unit)
         try:
             with ImportedAllocation(fd, unit.size, self.tool_device(unit)) as mem:
-                try:
-                    yield mem.ptr
-                finally:
-                    t = time.monotonic()
-            self.closing += time.monotonic() - t  # unmapping and releasing it (a phase part)
+                yield mem.ptr
         finally:
             os.close(fd)
 
@@ -334,12 +329,12 @@ class Group:
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
                      for u in self.units]
-            opening, self.closing = 0.0, 0.0
+            step = CopyStats()  # this step's own totals (self.stats sums every step)
             with CopyEngine(session, progress=self._progress(total, "saved"), total_bytes=total,
                             pin_ahead=self.options.pin_ahead) as engine:
                 for unit, (alloc, stats) in zip(self.units, engine.save_all(items)):
                     self.stats.add(stats)
-                    opening += stats.opening
+                    step.add(stats)
                     processes.setdefault(unit.owner, []).append(alloc)
             self.manifest = Manifest([ProcessEntry(pid, allocs) for pid, allocs in sorted(processes.items())],
                                      meta={"pids": self.pids, "gpus": self.gpus})
@@ -347,9 +342,7 @@ class Group:
             store.hold(self.options.ref, self.options.hold_kind, pid=self.pids[0])
             t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
-            self.parts["save"] = {"save: open memory (fd, import, map)": opening,
-                                  "save: close memory (unmap, release)": self.closing,
-                                  **engine_setup("save", engine),
+            self.parts["save"] = {**memory_parts("save", step, engine),
                                   "store commit (sync, manifest, ref)": time.monotonic() - t}
 
     def _progress(self, total, verb):
@@ -451,6 +444,7 @@ class Group:
                            "(or point --store at a copy) and resume again")
 
     def _load(self):
+        staged = {}
         try:
             staged = self._loaded_ahead()
             with self._open_for_load() as store:
@@ -465,22 +459,21 @@ class Group:
                                       functools.partial(self._mapped, u, exports),
                                       staged=staged.get(u.manifest_key))
                              for u in self.units]
-                    opening, self.closing = 0.0, 0.0
-                    for stats in engine.load_all(items):
+                    step = CopyStats()  # this step's own totals (self.stats sums every step)
+                    loaded = engine.load_all(items)
+                    for stats in loaded:
                         self.stats.add(stats)
-                        opening += stats.opening
-                    self.parts.setdefault("load", {}).update({
-                        "load: open memory (fd, import, map)": opening,
-                        "load: close memory (unmap, release)": self.closing, **engine_setup("load", engine)})
-                    if staged:
+                        step.add(stats)
+                    self.parts.setdefault("load", {}).update(memory_parts("load", step, engine))
+                    if staged:  # an item loaded ahead is opened, copied on the GPU, closed
                         self.parts["load"]["load: copy what was loaded ahead (device to device)"] = \
-                            engine.staged_copy_seconds
+                            sum(s.seconds - s.opening - s.closing for s in loaded if s.ahead)
         finally:
             if self.loading_ahead is not None:  # its GPU memory back before the workload runs on
-                t, held = time.monotonic(), bool(self.loading_ahead.buffers)
+                t = time.monotonic()
                 self.loading_ahead.close()
                 self.loading_ahead = None
-                if held:
+                if staged:
                     freed = time.monotonic() - t
                     self.parts.setdefault("load", {})["load: free what was loaded ahead"] = freed
 
@@ -525,9 +518,12 @@ class Group:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
 
-def engine_setup(verb, engine):
-    """A CopyEngine's making ready, as parts of the step that ran it."""
-    return {f"{verb}: GPU start (context, stream, hasher)": engine.setup["start"],
+def memory_parts(verb, step, engine):
+    """The parts of a save or load step outside its copies: opening and closing the processes'
+    memory (`step`: the step's CopyStats) and the engine's making ready."""
+    return {f"{verb}: open memory (fd, import, map)": step.opening,
+            f"{verb}: close memory (unmap, release)": step.closing,
+            f"{verb}: GPU start (context, stream, hasher)": engine.setup["start"],
             f"{verb}: pin the ring": engine.setup["pin"]}
 
 

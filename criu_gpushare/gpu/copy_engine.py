@@ -73,6 +73,7 @@ class CopyStats:
     ahead: int = 0
     seconds: float = 0.0
     opening: float = 0.0  # of seconds: in item.open() (the memory's fd, its import and mapping)
+    closing: float = 0.0  # of seconds: leaving it (unmapping and releasing the memory)
 
     def add(self, other):
         for f in dataclasses.fields(self):
@@ -108,7 +109,6 @@ class CopyEngine:
         # seconds spent making ready, for the command's phases: "start" (a GPU's context, stream,
         # events and hasher: paid once per GPU) and "pin" (the ring)
         self.setup = {"start": 0.0, "pin": 0.0}
-        self.staged_copy_seconds = 0.0  # of a load: copying what was loaded ahead (device to device)
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -138,18 +138,16 @@ class CopyEngine:
         cu = drv.driver()
         t = time.monotonic()
         use_device(device)
-        if ring and self._ring is None:
-            self.setup["start"] += time.monotonic() - t
-            t = time.monotonic()
-            self._ring = take_pinned(self.chunk_size, self.ring_slots)
-            self.setup["pin"] += time.monotonic() - t
-            t = time.monotonic()
         if device not in self._streams:
             flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
             self._streams[device] = drv.check(cu.cuStreamCreate(flags), "create a copy stream")
             self._events[device] = [drv.check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING),
                                               "create an event") for _ in range(self.ring_slots)]
         self.setup["start"] += time.monotonic() - t
+        if ring and self._ring is None:
+            t = time.monotonic()
+            self._ring = take_pinned(self.chunk_size, self.ring_slots)
+            self.setup["pin"] += time.monotonic() - t
         return self._streams[device], self._events[device]
 
     def _chunks(self, size):
@@ -203,7 +201,7 @@ class CopyEngine:
         slot_futures = [None] * self.ring_slots
         next_slot = 0
         saves = []  # (item, gpu ids, results, [(chunk index, future)], unchanged bytes, start time,
-        #            seconds to open it)
+        #            seconds to open it, seconds to close it)
         try:
             for item in items:
                 stream, events = self.prepare(item.device, ring=False)
@@ -235,7 +233,9 @@ class CopyEngine:
                         drv.check(cu.cuStreamSynchronize(stream), f"finish copying {item.key}")
                         if gpu_ids[0] is not None:
                             self._check_unchanged(item, ptr, gpu_ids, stream)
-                saves.append((item, gpu_ids, list(known), futures, unchanged, t0, opening))
+                    t1 = time.monotonic()
+                saves.append((item, gpu_ids, list(known), futures, unchanged, t0, opening,
+                              time.monotonic() - t1))
             return [self._finish_save(*save) for save in saves]
         except BaseException:
             _settle([f for save in saves for _, f in save[3]] + [f for f in slot_futures if f])
@@ -268,14 +268,14 @@ class CopyEngine:
         self.progress(length)
         return result
 
-    def _finish_save(self, item, gpu_ids, results, futures, unchanged, t0, opening):
+    def _finish_save(self, item, gpu_ids, results, futures, unchanged, t0, opening, closing):
         chunks = self._chunks(item.size)
         for i, f in futures:
             results[i] = f.result()
             if gpu_ids[i] is not None:
                 _check_same_id(item.key, chunks[i][0], gpu_ids[i], results[i])
         stats = CopyStats(copied=item.size - unchanged, unchanged=unchanged, seconds=time.monotonic() - t0,
-                          opening=opening)
+                          opening=opening, closing=closing)
         for r in results:
             if r.status is PutStatus.NEW:
                 stats.written += r.length
@@ -329,8 +329,9 @@ class CopyEngine:
         next items' chunks overlaps copying this one's; each item's memory is open (item.open())
         until its host-to-device copies are done and, with verify_loads, checked. With
         verify_loads every chunk is checked against its name: on the GPU after the copy when it
-        can (the whole allocation hashed at TB/s), else on the host as each chunk is read. An item loaded ahead (its `staged` bytes, gpu/staging.py,
-        checked there) is copied device to device instead of read."""
+        can (the whole allocation hashed at TB/s), else on the host as each chunk is read. An item
+        loaded ahead (its `staged` bytes, gpu/staging.py, checked there) is copied device to
+        device instead of read."""
         cu = drv.driver()
         items = list(items)
         for item in items:
@@ -402,6 +403,8 @@ class CopyEngine:
                         self._copy_staged(item, ptr, stream, stats)
                     else:
                         from_store(k, item, ptr, stream, events, stats)
+                    t1 = time.monotonic()
+                stats.closing = time.monotonic() - t1
                 stats.seconds = time.monotonic() - t0
                 results.append(stats)
             return results
@@ -418,11 +421,9 @@ class CopyEngine:
         same kernel on a GPU kept busy), about a tenth of a restore's GPU side."""
         cu = drv.driver()
         size = item.allocation.size
-        t = time.monotonic()
         drv.check(cu.cuMemcpyDtoDAsync(int(ptr), int(item.staged), size, stream),
                   f"copy {item.allocation.key} from what was loaded ahead")
         drv.check(cu.cuStreamSynchronize(stream), f"finish copying {item.allocation.key}")
-        self.staged_copy_seconds += time.monotonic() - t
         stats.ahead = size
         stats.zero = sum(c.length for c in item.allocation.chunks if c.is_zero)
         self.progress(size)
