@@ -9,6 +9,12 @@ each row's difference from the first says what that stage costs:
 
   pin 1 GiB, cuMemHostAlloc / the tool's buffers   the ring's pinning (memory.PinnedBuffer)
   GPU chunk ids                                    the XXH3 kernel over all of it
+  pin 1 GiB on N threads: first / last 64 MiB ready
+                                                   when the ring's first and last buffers are
+                                                   pinned (could a save copy before all are?)
+  GPU chunk ids, GPU idle first (1 GiB at a time)  the same after a second without kernels, whole
+                                                   or one launch per 1 GiB: what idle clocks and
+                                                   per-allocation launches cost
   GPU hasher made                                  its module loaded and self-tested: once per
                                                    copy engine and GPU
   save, first                                      the run's first save: on a machine just booted
@@ -17,6 +23,11 @@ each row's difference from the first says what that stage costs:
   save, every chunk hashed on the host too         as it saved before FORMAT.md section 13's sample
   save, no host hash at all                        put never hashes
   save, copies only                                device to the pinned ring, nothing stored
+  save unchanged, one allocation / 1 GiB allocations
+                                                   a save of what the store holds already, after
+                                                   the GPU sat idle: the unchanged dump's save
+  load, reads only, chunks never read before       reading chunk files just written (a resume after
+                                                   a cold suspend) against reading them again
   load / load, no check / load, copies only        the same for the way back
   load, reads only                                 the store read into the ring, nothing copied to
                                                    the GPU: what reading alone allows
@@ -39,6 +50,7 @@ bytes/s) per row.
 """
 import argparse
 import concurrent.futures
+import contextlib
 import itertools
 import mmap
 import os
@@ -104,6 +116,10 @@ def main():
     s, ring = timed(lambda: memory.pin_buffers(ce.CHUNK_SIZE, 16))
     row("pin 1 GiB, the tool's buffers", s, 2**30)
     memory.keep_pinned(ring)
+    for threads in (16, 2):
+        ready = pin_ready_times(16, threads)
+        row(f"pin 1 GiB on {threads} threads: first 64 MiB ready", ready[0], 0)
+        row(f"pin 1 GiB on {threads} threads: last 64 MiB ready", ready[-1], 0)
 
     def made_and_closed():
         GpuHasher.create(0).close()  # what every copy engine pays once per GPU
@@ -114,6 +130,12 @@ def main():
     else:
         hasher.chunk_ids(ptr, size, ce.CHUNK_SIZE)  # the kernel's first launch apart
         row("GPU chunk ids", timed(lambda: hasher.chunk_ids(ptr, size, ce.CHUNK_SIZE))[0])
+        time.sleep(IDLE_S)
+        row("GPU chunk ids, GPU idle first", timed(lambda: hasher.chunk_ids(ptr, size, ce.CHUNK_SIZE))[0])
+        time.sleep(IDLE_S)
+        row("GPU chunk ids, 1 GiB at a time, GPU idle first",
+            timed(lambda: [hasher.chunk_ids(int(ptr) + off, min(PIECE, size - off), ce.CHUNK_SIZE)
+                           for off in range(0, size, PIECE)])[0])
         hasher.close()
         row("GPU hasher made (module, self-test)", best(lambda: timed(made_and_closed)[0]), 0)
 
@@ -137,6 +159,18 @@ def main():
         with fresh_store() as store, ce.CopyEngine(store, total_bytes=size) as engine:
             return timed(lambda: engine.save("a", ptr, size, 0))
 
+    def save_unchanged(piece):
+        """A save into the store save() just filled, the memory cut in allocations of `piece`
+        bytes (as a workload's 1 GiB blocks), after the GPU sat idle: every chunk is found
+        unchanged on the GPU and nothing crosses the link."""
+        items = [ce.SaveItem(f"a{off}", min(piece, size - off), 0,
+                             lambda p=int(ptr) + off: contextlib.nullcontext(p))
+                 for off in range(0, size, piece)]
+        with Store.open(root) as store, ce.CopyEngine(store, total_bytes=size) as engine:
+            engine.hasher(0)
+            time.sleep(IDLE_S)
+            return timed(lambda: engine.save_all(items))[0]
+
     def load(allocation, verify, slots=16):
         with Store.open(root) as store, ce.CopyEngine(store, ring_slots=slots, workers=slots, verify_loads=verify,
                                                       total_bytes=size) as engine:
@@ -158,11 +192,17 @@ def main():
         with mock.patch.object(Store, "put", no_put), mock.patch.object(ce, "_check_same_id", lambda *a: None):
             row("save, copies only", best(lambda: save()[0]))
         s, (allocation, _) = save()  # the store the loads read
+        row("save unchanged, one allocation, GPU idle first", save_unchanged(size))
+        row("save unchanged, 1 GiB allocations, GPU idle first", save_unchanged(PIECE))
+        cu = drv.driver()
+        with mock.patch.object(cu, "cuMemcpyHtoDAsync", lambda *a: (cu.CUresult.CUDA_SUCCESS,)):
+            s, (fresh, _) = save()  # chunk files written now and never read yet
+            row("load, reads only, chunks never read before", load(fresh, False))
+        s, (allocation, _) = save()
         row("load", best(lambda: load(allocation, True)))
         row("load, no check", best(lambda: load(allocation, False)))
         with mock.patch.object(Store, "get", lambda self, cid, buf, verify=True: None):
             row("load, copies only", best(lambda: load(allocation, False)))
-        cu = drv.driver()
         with mock.patch.object(cu, "cuMemcpyHtoDAsync", lambda *a: (cu.CUresult.CUDA_SUCCESS,)):
             row("load, reads only", best(lambda: load(allocation, False)))
         row("load, no check, 32 slots and workers", best(lambda: load(allocation, False, slots=32)))
@@ -188,6 +228,27 @@ def main():
 
 
 READ_ONLY = 0x08  # CU_MEMHOSTREGISTER_READ_ONLY
+IDLE_S = 1.0  # a GPU left this long without kernels has let its clocks fall
+PIECE = 1 << 30  # the allocation size of the "1 GiB" rows
+
+
+def pin_ready_times(count, threads):
+    """Seconds, sorted, at which each of `count` ring buffers (64 MiB) pinned on `threads` threads
+    was ready: whether a save could start copying before the whole ring is pinned."""
+    cu = drv.driver()
+    ctx = drv.check(cu.cuCtxGetCurrent(), "current context")
+    t0 = time.monotonic()
+
+    def one(_):
+        drv.check(cu.cuCtxSetCurrent(ctx), "context")
+        buf = memory.PinnedBuffer(ce.CHUNK_SIZE)
+        return time.monotonic() - t0, buf
+
+    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
+        made = list(pool.map(one, range(count)))
+    for _, buf in made:
+        buf.free()
+    return sorted(t for t, _ in made)
 
 
 def device_to_device(ptr, size):

@@ -60,7 +60,11 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
                         "--dir", str(stores)], env=fake_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     table = r.stdout[r.stdout.index("stage "):]
-    for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers", "save, first", "save",
+    for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers",
+                  "pin 1 GiB on 16 threads: first 64 MiB ready", "pin 1 GiB on 2 threads: last 64 MiB ready",
+                  "save unchanged, one allocation, GPU idle first",
+                  "save unchanged, 1 GiB allocations, GPU idle first",
+                  "load, reads only, chunks never read before", "save, first", "save",
                   "save, every chunk hashed on the host too", "save, no host hash at all",
                   "save, copies only", "load", "load, no check", "load, copies only", "load, reads only",
                   "load, no check, 32 slots and workers", "load ahead (buffer made, read, checked)", "device to device",
