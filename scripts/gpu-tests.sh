@@ -7,7 +7,8 @@
 #   1. keeps NVLink multicast off in every process (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 #      NVSHMEM_DISABLE_NVLS=1);
 #   2. `pip install --no-build-isolation --no-deps -e .` (no network there; editable so that the
-#      package imported from the repository root is the built one, shim included)  -> OUT/pip-install.log
+#      package imported from the repository root is the built one, shim included), then its
+#      bytecode compiled once, as a wheel's install does                 -> OUT/pip-install.log
 #   3. unpacks the debs carried in .criu-debs/*.deb (Debian sid builds of CRIU 4.2.1 and pycriu, and
 #      Debian 12's runc for tests/gpu/test_runc_gpu.py: `apt-get download runc` into .criu-debs/)
 #      under $CRIU_PREFIX (default /opt/criu, never /) and puts them on PATH, LD_LIBRARY_PATH, PYTHONPATH;
@@ -127,7 +128,7 @@ finish() {
         echo "-- steps"
         cat "$OUT/steps.txt"
         echo "-- versions"
-        grep -E '^(kernel|driver|gpu|criu-version|criu-check|python|cuda-bindings|torch):' "$OUT/versions.txt" 2>/dev/null
+        grep -E '^(kernel|driver|gpu|criu-version|criu-check|python|python-env|cuda-bindings|torch):' "$OUT/versions.txt" 2>/dev/null
         echo "-- probes"
         # a run that picked its tests (GPU_TESTS, or no "gpu" part) leaves the other rows NOT RUN
         subset=""
@@ -169,6 +170,11 @@ else
     fi
     step "pip install" $rc
     tail -n 3 "$OUT/pip-install.log"
+    # An editable install compiles nothing, and with PYTHONDONTWRITEBYTECODE set no command caches
+    # what it compiled: each would compile the package again at start. A wheel's install compiles
+    # it once; so does this, so that the figures are a user's.
+    python3 -m compileall -q -j 0 criu_gpushare >>"$OUT/pip-install.log" 2>&1
+    step "compile the package's bytecode" $?
 fi
 
 banner "CRIU"
@@ -222,6 +228,7 @@ banner "versions"
         echo "gpu: no nvidia-smi"
     fi
     echo "python: $(python3 --version 2>&1)"
+    echo "python-env: $(env | grep -E '^PYTHON' | tr '\n' ' ')"
     for pkg in cuda-bindings torch xxhash psutil pytest boto3 criu-gpushare; do
         echo "$pkg: $(python3 -m pip show "$pkg" 2>/dev/null | awk '/^Version:/{print $2}')"
     done
