@@ -46,7 +46,7 @@ from ..errors import BusyError, Error, ProcessError
 from ..gpu import checkpoint_api as ck
 from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
 from ..gpu.devices import DeviceMap, workload_devices_map
-from ..gpu.memory import ImportedAllocation
+from ..gpu.memory import ImportedAllocation, retain_ahead
 from ..shimctl import client as control
 from ..store.manifest import Manifest, ProcessEntry
 from ..store.backend import open_store
@@ -148,6 +148,8 @@ class Group:
         self.begin_step()
         self.members = plan.discover(self.pids, self.deadline)
         self._plan()
+        # the save's contexts are made while the journal is written and the shims quiesce
+        retain_ahead(sorted({self.tool_device(u) for u in self.units}))
         from ..gpu.driver import gpus
         self.gpus = [uuid for _, _, uuid in gpus()] if self.pids_with_cuda() else []
 

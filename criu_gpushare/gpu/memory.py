@@ -6,12 +6,15 @@ through the workload process.
 """
 import concurrent.futures
 import ctypes
+import logging
 import mmap
 import os
 import threading
 
 from . import driver as drv
 from ..errors import DriverError
+
+log = logging.getLogger(__name__)
 
 _contexts = {}
 _contexts_lock = threading.Lock()
@@ -33,6 +36,21 @@ def use_device(ordinal):
             _contexts[ordinal] = ctx
     drv.check(cu.cuCtxSetCurrent(ctx), f"make GPU {ordinal} current")
     return ctx
+
+
+def retain_ahead(ordinals):
+    """The primary contexts of `ordinals` made in a thread, now: the driver takes about 0.1 s for
+    each, which the first use_device would otherwise wait for whole (it waits for what is left:
+    the lock is held while one is made). Best effort: a failure here is met again, and reported,
+    where the context is needed."""
+    def retain():
+        for ordinal in ordinals:
+            try:
+                use_device(ordinal)
+            except Exception as e:  # noqa: BLE001 - an optimisation only
+                log.debug("the context of GPU %s was not made ahead: %s", ordinal, e)
+
+    threading.Thread(target=retain, name="context-ahead", daemon=True).start()
 
 
 def free_memory(ordinal):
