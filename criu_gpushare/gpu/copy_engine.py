@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import time
 
 from . import driver as drv
@@ -42,6 +43,8 @@ log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 64 << 20
 HOST_CHECK_EVERY = 64  # of the chunks copied from one GPU, those put also hashes on the host
+HASH_GROUP = 16  # items a save opens and hashes at once (GPU ids of many on one GPU at a time)
+HASH_STREAMS = 8  # streams their kernels run on, side by side
 
 
 def ring_size(total_bytes, most=16, chunk_size=CHUNK_SIZE):
@@ -105,6 +108,7 @@ class CopyEngine:
         self._streams = {}
         self._events = {}
         self._hashers = {}  # device -> GpuHasher, or None where none is usable
+        self._hash_stream_sets = {}  # device -> the streams _gpu_ids runs kernels on
         self._copied = {}  # device -> (chunks copied from it, their lengths): host check sampling
         # seconds spent making ready, for the command's phases: "start" (a GPU's context, stream,
         # events and hasher: paid once per GPU) and "pin" (the ring)
@@ -120,7 +124,7 @@ class CopyEngine:
         if self.pin_ahead and self._ring is None and self._streams:
             pin_ahead(self.chunk_size, self.ring_slots, next(iter(self._streams)))
         self._ring = None
-        for stream in self._streams.values():
+        for stream in [*self._streams.values(), *(s for ss in self._hash_stream_sets.values() for s in ss)]:
             cu.cuStreamDestroy(stream)
         for events in self._events.values():
             for ev in events:
@@ -162,29 +166,62 @@ class CopyEngine:
             self.setup["start"] += time.monotonic() - t
         return self._hashers[device]
 
-    def _known(self, ptr, size, device, stream):
-        """Per chunk: its GPU id, and a PutResult when it needs no copy (all zero, or present in
-        the store: mtime refreshed, as Store.put does for a PRESENT chunk). ([None]*n, [None]*n)
-        without a usable hasher."""
+    def _hash_streams(self, device):
+        """HASH_STREAMS streams of `device` for the kernels of _gpu_ids, made at first use."""
+        if device not in self._hash_stream_sets:
+            cu = drv.driver()
+            use_device(device)
+            flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
+            self._hash_stream_sets[device] = [drv.check(cu.cuStreamCreate(flags), "create a hash stream")
+                                              for _ in range(HASH_STREAMS)]
+        return self._hash_stream_sets[device]
+
+    def _gpu_ids(self, regions):
+        """Per (device, pointer, size) of `regions`: its chunks' GPU ids, or None without a
+        usable hasher (then every chunk is copied and hashed by put). The regions of each GPU are
+        hashed at once, on HASH_STREAMS streams (GpuHasher.start_ids: one region's kernel alone
+        leaves most SMs idle)."""
+        out = [None] * len(regions)
+        for device in sorted({d for d, _, _ in regions}):
+            hasher = self.hasher(device)
+            mine = [k for k, (d, ptr, _) in enumerate(regions)
+                    if d == device and hasher is not None and hasher.supports(ptr, self.chunk_size)]
+            if not mine:
+                continue
+            try:
+                hasher.reserve(sum(len(self._chunks(regions[k][2])) for k in mine))
+                streams, first, pending = self._hash_streams(device), 0, []
+                for n, k in enumerate(mine):
+                    _, ptr, size = regions[k]
+                    pending.append((k, hasher.start_ids(ptr, size, self.chunk_size,
+                                                        streams[n % len(streams)], first)))
+                    first += len(self._chunks(size))
+                for k, ids in pending:
+                    out[k] = ids.result()
+            except DriverError as e:  # e.g. no GPU memory left for a larger id buffer: copy it all
+                log.warning("GPU chunk hashing failed on GPU %s, copying every chunk: %s", device, e)
+                for stream in self._hash_stream_sets.get(device, []):
+                    drv.driver().cuStreamSynchronize(stream)  # nothing may still write its buffer
+                self._hashers[device] = None
+                hasher.close()
+                for k in mine:
+                    out[k] = None
+        return out
+
+    def _known(self, gpu_ids, size):
+        """Per chunk of a region with these GPU ids (None: none), a PutResult when it needs no
+        copy (all zero, or present in the store: mtime refreshed, as Store.put does for a
+        PRESENT chunk), else None: ([id or None]*n, [PutResult or None]*n)."""
         chunks = self._chunks(size)
-        none = [None] * len(chunks)
-        hasher = self.hasher(device)
-        if hasher is None or not hasher.supports(ptr, self.chunk_size):
-            return none, none
-        try:
-            ids = hasher.chunk_ids(ptr, size, self.chunk_size, stream)
-        except DriverError as e:  # e.g. no GPU memory left for a larger id buffer: copy it all
-            log.warning("GPU chunk hashing failed on GPU %s, copying every chunk: %s", device, e)
-            self._hashers[device] = None
-            hasher.close()
-            return none, none
+        if gpu_ids is None:
+            return [None] * len(chunks), [None] * len(chunks)
         known = []
-        for cid, (_, length) in zip(ids, chunks):
+        for cid, (_, length) in zip(gpu_ids, chunks):
             if cid == zero_chunk_id(length):
                 known.append(PutResult(None, length, PutStatus.ZERO))
             else:  # present in the store (refreshed as a PRESENT put), or None: to be copied
                 known.append(self.store.claim_present(cid, length))
-        return ids, known
+        return gpu_ids, known
 
     def save(self, key, ptr, size, device, meta=None):
         """Copy `size` bytes at device pointer `ptr` into the store; (manifest Allocation, CopyStats)."""
@@ -193,22 +230,31 @@ class CopyEngine:
     def save_all(self, items):
         """Save many allocations through one pipeline: [(manifest Allocation, CopyStats)] in order.
 
-        Each item's memory is open (item.open()) only until its device-to-host copies are done;
-        hashing and writing its chunks go on while the next items are opened and copied, so many
-        small allocations move at the rate of few large ones. The ring's slots are shared by all
-        items: a slot is reused once its previous chunk, of whichever item, is stored."""
+        Items are opened (item.open()) HASH_GROUP at a time and their GPU ids computed at once;
+        each item's memory stays open only until its device-to-host copies are done; hashing and
+        writing its chunks go on while the next items are copied, so many small allocations move
+        at the rate of few large ones. The ring's slots are shared by all items: a slot is reused
+        once its previous chunk, of whichever item, is stored."""
         cu = drv.driver()
         slot_futures = [None] * self.ring_slots
         next_slot = 0
         saves = []  # (item, gpu ids, results, [(chunk index, future)], unchanged bytes, start time,
         #            seconds to open it, seconds to close it)
+        opened = []  # [item, its ExitStack, pointer, start time, seconds to open it] not yet closed
+        items = list(items)
         try:
-            for item in items:
-                stream, events = self.prepare(item.device, ring=False)
-                t0 = time.monotonic()
-                with item.open() as ptr:
-                    opening = time.monotonic() - t0
-                    gpu_ids, known = self._known(ptr, item.size, item.device, stream)
+            for g in range(0, len(items), HASH_GROUP):
+                for item in items[g:g + HASH_GROUP]:
+                    self.prepare(item.device, ring=False)
+                    t0 = time.monotonic()
+                    stack = contextlib.ExitStack()
+                    ptr = stack.enter_context(item.open())
+                    opened.append((item, stack, ptr, t0, time.monotonic() - t0))
+                group_ids = self._gpu_ids([(item.device, ptr, item.size) for item, _, ptr, _, _ in opened])
+                for ids in group_ids:
+                    item, stack, ptr, t0, opening = opened[0]
+                    stream, events = self.prepare(item.device, ring=False)
+                    gpu_ids, known = self._known(ids, item.size)
                     unchanged = sum(r.length for r in known if r is not None)
                     if unchanged:
                         self.progress(unchanged)
@@ -234,10 +280,18 @@ class CopyEngine:
                         if gpu_ids[0] is not None:
                             self._check_unchanged(item, ptr, gpu_ids, stream)
                     t1 = time.monotonic()
-                saves.append((item, gpu_ids, list(known), futures, unchanged, t0, opening,
-                              time.monotonic() - t1))
+                    opened.pop(0)
+                    stack.close()
+                    saves.append((item, gpu_ids, list(known), futures, unchanged, t0, opening,
+                                  time.monotonic() - t1))
             return [self._finish_save(*save) for save in saves]
         except BaseException:
+            exc = sys.exc_info()
+            for item, stack, _, _, _ in reversed(opened):  # each item's open() sees the failure
+                try:
+                    stack.__exit__(*exc)
+                except BaseException as e:  # noqa: BLE001 - the first failure is the one raised
+                    log.warning("closing %s after a failed save: %s", item.key, e)
             _settle([f for save in saves for _, f in save[3]] + [f for f in slot_futures if f])
             raise
 

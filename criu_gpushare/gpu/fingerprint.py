@@ -136,27 +136,55 @@ class GpuHasher:
             return []
         return self._launch(dev_ptr, size, chunk_size, stream)
 
+    def start_ids(self, dev_ptr, size, chunk_size, stream, first=0):
+        """chunk_ids() begun, not waited for: the kernel is queued on `stream`, its ids go to the
+        id buffer's slots from `first` on (regions hashed at once each take their own slots, all
+        of them reserve()d first); -> PendingIds, whose result() waits for this kernel alone.
+
+        One kernel runs a block per chunk, so a region of a few chunks keeps a few SMs busy:
+        several regions hashed at once, on several streams, keep the GPU busy (forty 1 GiB
+        regions one after the other: 0.16 s on the H200; all at once: about 0.015 s)."""
+        count = -(-size // chunk_size) if size else 0
+        if count:
+            self._start(dev_ptr, size, chunk_size, stream, first, count)
+        return PendingIds(self, first, count, stream)
+
     def hash_region(self, dev_ptr, length, stream=0):
         """The id of `length` bytes at `dev_ptr` (any length, 0 too): one chunk."""
         return self._launch(dev_ptr, length, max(ALIGN, -(-length // ALIGN) * ALIGN), stream)[0]
 
     def _launch(self, dev_ptr, size, chunk_size, stream):
+        count = max(1, -(-size // chunk_size))
+        self.reserve(count)
+        self._start(dev_ptr, size, chunk_size, stream, 0, count)
+        return PendingIds(self, 0, count, stream).result()
+
+    def _start(self, dev_ptr, size, chunk_size, stream, first, count):
         if not self.supports(dev_ptr, chunk_size):
             raise ValueError(f"GPU hashing needs {ALIGN}-byte aligned chunks: pointer {int(dev_ptr):#x}, "
                              f"chunk size {chunk_size}")
+        if 16 * (first + count) > self._out_bytes:
+            raise ValueError(f"ids {first}..{first + count} do not fit the id buffer: reserve() them")
         cu = drv.driver()
         use_device(self.device)
-        count = max(1, -(-size // chunk_size))
-        need = 16 * count
-        self._reserve(need)
-        params = ((int(dev_ptr), size, chunk_size, int(self._out)),
+        params = ((int(dev_ptr), size, chunk_size, int(self._out) + 16 * first),
                   (ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_void_p))
         drv.check(cu.cuLaunchKernel(self.function, count, 1, 1, THREADS, 1, 1, 0, stream, params, 0),
                   "launch the XXH3 kernel")
+
+    def _read(self, first, count, stream):
+        """The ids in slots first..first+count, once the work queued on `stream` is done."""
+        cu = drv.driver()
+        use_device(self.device)
         host = (ctypes.c_uint64 * (2 * count))()
-        drv.check(cu.cuMemcpyDtoHAsync(host, self._out, need, stream), "copy the chunk ids to the host")
+        drv.check(cu.cuMemcpyDtoHAsync(host, int(self._out) + 16 * first, 16 * count, stream),
+                  "copy the chunk ids to the host")
         drv.check(cu.cuStreamSynchronize(stream), "hash chunks on the GPU")
         return [f"{host[2 * i + 1]:016x}{host[2 * i]:016x}" for i in range(count)]
+
+    def reserve(self, count):
+        """Room for `count` ids in the id buffer (grown only while no kernel is pending)."""
+        self._reserve(16 * count)
 
     def _reserve(self, need):
         """A device buffer of at least `need` bytes for the ids."""
@@ -193,3 +221,13 @@ class GpuHasher:
         finally:
             cu.cuMemFree(buf)
         return None
+
+
+class PendingIds:
+    """The ids of one GpuHasher.start_ids(): result() waits for its kernel and reads them."""
+
+    def __init__(self, hasher, first, count, stream):
+        self.hasher, self.first, self.count, self.stream = hasher, first, count, stream
+
+    def result(self):
+        return self.hasher._read(self.first, self.count, self.stream) if self.count else []

@@ -6,7 +6,8 @@ Checks GpuHasher (criu_gpushare/gpu/fingerprint.py, kernel xxh3.cu) bit for bit 
 `xxhash.xxh3_128_hexdigest`, the store's chunk id: random bytes of many lengths (every short-path
 edge, block and tile edges, 64 MiB and around it, odd sizes), at the start of an allocation and at
 a 16-byte offset, all-zero inputs, and chunk_ids over a multi-chunk region with a short last chunk.
-Then times chunk_ids over GIB GiB in 64 MiB chunks. Prints one JSON object. The kernel comes from
+Then times chunk_ids over GIB GiB in 64 MiB chunks, and that region cut in 1 GiB pieces hashed
+at once (start_ids on several streams) against one by one. Prints one JSON object. The kernel comes from
 xxh3.fatbin as the tool loads it, or with --from ptx from xxh3.ptx (the fallback, and what GPUs
 without machine code in the fatbin compile); "hasher_ms" is its load and self-test (with
 CUDA_CACHE_DISABLE=1 in the environment, a PTX load pays the driver's JIT compile every time).
@@ -110,12 +111,39 @@ def main():
     t0 = time.perf_counter()
     hasher.chunk_ids(big, CHUNK, CHUNK)
     one_chunk_s = time.perf_counter() - t0
+    # The region cut in 1 GiB pieces hashed at once (start_ids: each piece into its own id slots,
+    # on 8 streams, as a save hashes a group of allocations): each piece's ids are those
+    # chunk_ids gives it alone, and together the whole region's.
+    piece = 1 << 30
+    regions = [(int(big) + o, min(piece, total - o)) for o in range(0, total, piece)]
+    streams = [drv.check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "stream")
+               for _ in range(8)]
+    hasher.reserve(sum(-(-n // CHUNK) for _, n in regions))
+    t0 = time.perf_counter()
+    pending, first = [], 0
+    for k, (p, n) in enumerate(regions):
+        pending.append(hasher.start_ids(p, n, CHUNK, streams[k % len(streams)], first))
+        first += -(-n // CHUNK)
+    at_once = [x.result() for x in pending]
+    at_once_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    one_by_one = [hasher.chunk_ids(p, n, CHUNK) for p, n in regions]
+    one_by_one_s = time.perf_counter() - t0
+    checked += len(ids)
+    if at_once != one_by_one or sum(at_once, []) != ids:
+        bad = [k for k, (a, b) in enumerate(zip(at_once, one_by_one)) if a != b]
+        mismatches.append(f"{len(regions)} pieces hashed at once differ from one by one at {bad[:8]}"
+                          if bad else "pieces hashed at once do not add up to the whole region's ids")
+    for stream in streams:
+        cu.cuStreamDestroy(stream)
     cu.cuMemFree(big)
     hasher.close()
     gbps = total / best / 1e9
     json.dump({"checked": checked, "mismatches": mismatches, "gib": total / (1 << 30),
                "chunks": len(ids), "secs": round(best, 4), "gbps": round(gbps, 1),
                "one_chunk_ms": round(one_chunk_s * 1e3, 2), "hasher_ms": round(hasher_ms, 1),
+               "pieces": len(regions), "pieces_at_once_ms": round(at_once_s * 1e3, 2),
+               "pieces_one_by_one_ms": round(one_by_one_s * 1e3, 2),
                "est_40gib_s": round(40 * (1 << 30) / gbps / 1e9, 3),
                "loaded_from": os.path.basename(hasher.loaded_from),
                "device": drv.gpus()[0][1]}, sys.stdout)

@@ -6,9 +6,9 @@ Allocates MIB MiB of exportable cuMem memory, fills it with a pattern that has a
 a repeated part, exports it as a POSIX fd, imports that fd as the tool would (ImportedAllocation),
 saves it with the CopyEngine, clears the memory, loads it back, and compares. Prints one JSON line.
 With --pieces K the memory is K allocations of equal size (the last takes the rest), saved with
-one save_all and loaded with one load_all; each piece is open only while the engine works on it
-("overlaps" counts pieces opened while another was open); --slow-put makes every store put take
-S seconds more, and "save_s" says how long save_all took.
+one save_all and loaded with one load_all; "most_open" says how many pieces each was seen to
+hold open at once (a save opens them a hash group at a time, a load one at a time); --slow-put
+makes every store put take S seconds more, and "save_s" says how long save_all took.
 """
 import contextlib
 import argparse
@@ -84,12 +84,12 @@ def pieces(args, store, mem, size, chunk, before):
     cu = drv.driver()
     step = size // args.pieces // 4096 * 4096
     bounds = [(k * step, step if k < args.pieces - 1 else size - k * step) for k in range(args.pieces)]
-    state = {"open": 0, "overlaps": 0, "order": []}
+    state = {"open": 0, "most": 0, "order": []}
 
     @contextlib.contextmanager
     def opened(k):
-        state["overlaps"] += state["open"] > 0
         state["open"] += 1
+        state["most"] = max(state["most"], state["open"])
         state["order"].append(k)
         try:
             yield int(mem.ptr) + bounds[k][0]
@@ -109,11 +109,15 @@ def pieces(args, store, mem, size, chunk, before):
         t0 = time.monotonic()
         saved = engine.save_all([SaveItem(f"p{k}", n, 0, lambda k=k: opened(k)) for k, (_, n) in enumerate(bounds)])
         save_s = time.monotonic() - t0
+        most_open = {"save": state["most"]}
+        state["most"] = 0
         drv.check(cu.cuMemsetD8(mem.ptr, 0xEE, size), "clobber")
         loaded = engine.load_all([LoadItem(a, 0, lambda k=k: opened(k)) for k, (a, _) in enumerate(saved)])
+        most_open["load"] = state["most"]
     after = (ctypes.c_char * size)()
     drv.check(cu.cuMemcpyDtoH(after, mem.ptr, size), "read back")
-    json.dump({"same": before == bytes(after), "overlaps": state["overlaps"], "order": state["order"],
+    json.dump({"same": before == bytes(after), "most_open": most_open, "open_now": state["open"],
+               "order": state["order"],
                "save_s": save_s,
                "saved": sum(s.written + s.deduplicated + s.zero for _, s in saved),
                "loaded": sum(s.copied for s in loaded)}, sys.stdout)
