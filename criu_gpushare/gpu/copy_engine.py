@@ -33,7 +33,7 @@ import time
 
 from . import driver as drv
 from .fingerprint import GpuHasher
-from .memory import keep_pinned, pin_ahead, take_pinned, use_device
+from .memory import PinnedRing, keep_pinned, pin_ahead, use_device
 from ..errors import DriverError
 from ..store.layout import zero_chunk_id
 from ..store.manifest import Allocation
@@ -85,7 +85,8 @@ class CopyStats:
 
 class CopyEngine:
     """One per save or load: the worker threads, and the pinned ring (slow to allocate: taken from
-    and given back to what earlier engines of this process kept, memory.take_pinned)."""
+    and given back to what earlier engines of this process kept, and the rest pinned while the
+    first copies run: memory.PinnedRing)."""
 
     def __init__(self, store, ring_slots=16, chunk_size=CHUNK_SIZE, workers=None, verify_loads=False,
                  progress=None, gpu_hash=True, total_bytes=None, pin_ahead=False):
@@ -111,7 +112,8 @@ class CopyEngine:
         self._hash_stream_sets = {}  # device -> the streams _gpu_ids runs kernels on
         self._copied = {}  # device -> (chunks copied from it, their lengths): host check sampling
         # seconds spent making ready, for the command's phases: "start" (a GPU's context, stream,
-        # events and hasher: paid once per GPU) and "pin" (the ring)
+        # events and hasher: paid once per GPU) and "pin" (making the ring, and this thread's
+        # waits for its buffers while they are pinned)
         self.setup = {"start": 0.0, "pin": 0.0}
 
     def close(self):
@@ -120,7 +122,7 @@ class CopyEngine:
         for hasher in self._hashers.values():
             if hasher is not None:
                 hasher.close()
-        keep_pinned(self._ring or [])  # for the next engine of this process (memory.take_pinned)
+        keep_pinned(self._ring.release() if self._ring else [])  # for the next engine of this process
         if self.pin_ahead and self._ring is None and self._streams:
             pin_ahead(self.chunk_size, self.ring_slots, next(iter(self._streams)))
         self._ring = None
@@ -150,9 +152,12 @@ class CopyEngine:
         self.setup["start"] += time.monotonic() - t
         if ring and self._ring is None:
             t = time.monotonic()
-            self._ring = take_pinned(self.chunk_size, self.ring_slots)
+            self._ring = PinnedRing(self.chunk_size, self.ring_slots, on_wait=self._waited_for_pinning)
             self.setup["pin"] += time.monotonic() - t
         return self._streams[device], self._events[device]
+
+    def _waited_for_pinning(self, seconds):
+        self.setup["pin"] += seconds
 
     def _chunks(self, size):
         return [(off, min(self.chunk_size, size - off)) for off in range(0, size, self.chunk_size)]

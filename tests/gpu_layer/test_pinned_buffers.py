@@ -64,3 +64,61 @@ def test_pinned_buffers_are_registered_apart_and_freed(fake_env):
     assert out["unregistered_after_free"], out
     # one buffer that cannot be pinned: the error, and every buffer already made given back
     assert out["failure"].endswith("no pinned memory left") and out["freed_on_failure"], out
+
+
+RING = r"""
+import json, threading
+from criu_gpushare.gpu import driver as drv, memory
+cu = drv.driver()
+memory.use_device(0)
+MIB = 1 << 20
+real = memory.PinnedBuffer
+memory.PIN_THREADS = 1  # the buffers in slot order, one at a time
+gate = threading.Event()
+made = []
+def gated(size):  # the first buffer at once, the others once the gate opens; the third fails
+    if made:
+        gate.wait()
+    if len(made) == 2:
+        made.append(None)
+        raise drv.DriverError("no pinned memory left")
+    b = real(size)
+    made.append(b)
+    return b
+memory.PinnedBuffer = gated
+waits = []
+ring = memory.PinnedRing(MIB, 4, on_wait=waits.append)
+out = {"first_before_the_rest": ring[0].ptr == made[0].ptr and len(made) == 1}
+before = len(waits)
+threading.Timer(0.1, gate.set).start()
+out["second"] = ring[1].ptr == made[1].ptr
+out["waited_once"] = len(waits) == before + 1 and waits[-1] > 0
+try:
+    ring[2]
+    out["failed_slot"] = "no error"
+except drv.DriverError as e:
+    out["failed_slot"] = str(e)
+out["fourth"] = ring[3] is not None
+kept = ring.release()
+out["kept"] = len(kept)
+out["kept_registered"] = all(cu.cuMemHostGetFlags(b.ptr)[0] == cu.CUresult.CUDA_SUCCESS for b in kept)
+memory.keep_pinned(kept)
+memory.PinnedBuffer = real
+again = memory.PinnedRing(MIB, 4)
+out["reused"] = sorted(b.ptr for b in list(again)[:3]) == sorted(b.ptr for b in kept)
+again.release()
+print(json.dumps(out))
+"""
+
+
+def test_a_ring_gives_its_first_buffers_while_the_rest_are_pinned_and_keeps_what_it_made(fake_env):
+    """memory.PinnedRing: a buffer is usable once pinned, before the others; the making thread's
+    wait is counted; a buffer that cannot be pinned raises where it is asked for; the buffers
+    made go back whole, and a later ring takes them instead of pinning anew."""
+    r = subprocess.run([sys.executable, "-c", RING], env=fake_env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["first_before_the_rest"] and out["second"] and out["waited_once"], out
+    assert out["failed_slot"].endswith("no pinned memory left") and out["fourth"], out
+    assert out["kept"] == 3 and out["kept_registered"] and out["reused"], out
