@@ -85,7 +85,7 @@ def main():
 
     def row(name, seconds, nbytes=size):
         rows.append((name, seconds, nbytes / seconds / 1e9 if seconds and nbytes else None))
-        print(f"  {name:44s} {seconds:7.3f} s", flush=True)
+        print(f"  {name:52s} {seconds:7.3f} s", flush=True)
 
     def timed(fn):
         t = time.monotonic()
@@ -219,12 +219,12 @@ def main():
         shutil.rmtree(root, ignore_errors=True)
     workers = min(16, os.cpu_count() or 4)  # as CopyEngine
     print(f"\n{args.gib:g} GiB, store in {args.dir}, ring {ce.ring_size(size)} x 64 MiB, {workers} workers")
-    print(f"{'stage':44s} {'s':>8s} {'GB/s':>8s}")
+    print(f"{'stage':52s} {'s':>8s} {'GB/s':>8s}")
     for name, s, rate in rows:
         if s is None:
-            print(f"{name:44s} {'failed':>8s} {'-':>8s}")
+            print(f"{name:52s} {'failed':>8s} {'-':>8s}")
         else:
-            print(f"{name:44s} {s:8.3f} {rate:8.2f}" if rate else f"{name:44s} {s:8.3f} {'-':>8s}")
+            print(f"{name:52s} {s:8.3f} {rate:8.2f}" if rate else f"{name:52s} {s:8.3f} {'-':>8s}")
 
 
 READ_ONLY = 0x08  # CU_MEMHOSTREGISTER_READ_ONLY
