@@ -209,6 +209,65 @@ def check_store():
     return Check("store", PASS, store if probe == store else f"{store} (created on first use)")
 
 
+SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+MOUNTINFO = "/proc/self/mountinfo"
+
+
+def _mount_of(path, mountinfo=MOUNTINFO):
+    """(mount point, file system type, super options) of the mount that holds path, or None."""
+    path = os.path.realpath(path)
+    best = None
+    with open(mountinfo) as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            if len(fields) < 5 or len(rest) < 3:
+                continue
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
+            inside = path == point or path.startswith(point.rstrip("/") + "/")
+            if inside and (best is None or len(point) >= len(best[0])):  # the last mount over it wins
+                best = (point, rest[0], rest[2])
+    return best
+
+
+def _huge_pages(options, shmem_enabled):
+    """Whether the kernel gives a tmpfs with these super options 2 MiB pages as files are written:
+    shmem_enabled's choice ([force], [deny]) is for every tmpfs, else the mount's huge=always."""
+    try:
+        with open(shmem_enabled) as f:
+            chosen = re.search(r"\[(\w+)\]", f.read())
+    except OSError:
+        chosen = None
+    if chosen and chosen.group(1) in ("force", "deny"):
+        return chosen.group(1) == "force"
+    return "huge=always" in options.split(",")
+
+
+def check_store_pages(store, mountinfo=MOUNTINFO, shmem_enabled=SHMEM_ENABLED):
+    """[a Check] for a local store on tmpfs: whether its chunks get huge pages (saves and loads run
+    faster: the kernel fills 512 times fewer pages); [] for any other store."""
+    if "://" in store:
+        return []
+    probe = os.path.abspath(store)
+    while not os.path.isdir(probe):  # created on first use: where it would be
+        probe = os.path.dirname(probe)
+    try:
+        mount = _mount_of(probe, mountinfo)
+    except OSError:
+        return []
+    if mount is None or mount[1] != "tmpfs":
+        return []
+    point, _, options = mount
+    if _huge_pages(options, shmem_enabled):
+        return [Check("store pages", PASS, f"{store} is on a tmpfs of huge pages ({point})")]
+    return [Check("store pages", WARN,
+                  f"{store} is on a tmpfs of 4 KiB pages ({point}): GPU memory saves and loads run "
+                  "slower there (40 GiB on an H200: a dump 3.34 s against 2.68 s on huge pages)",
+                  "give the store a tmpfs of its own with huge pages: mount -t tmpfs -o "
+                  "huge=always,size=SIZE,mode=0700 tmpfs DIR, and point the store there (README, "
+                  "Settings)")]
+
+
 def _check_object_store(url):
     from ..store.s3client import is_s3_url
     if not is_s3_url(url):
@@ -225,6 +284,9 @@ def _check_object_store(url):
 def run_checks():
     checks = [check_driver(), check_checkpoint_api(), *check_gpus(), *check_criu(),
               check_cuda_plugin(), check_link_remap(), check_pycriu(), check_shim(), check_store()]
+    if checks[-1].status == PASS:
+        from ..config import load_settings
+        checks += check_store_pages(load_settings().store)
     return checks
 
 

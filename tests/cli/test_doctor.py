@@ -90,3 +90,65 @@ def test_doctor_names_what_is_wrong_with_an_object_store(s3_env, s3_store_url, m
     assert c.status == "fail", c
     assert ("no such bucket" if problem == "no bucket" else "access denied") in c.detail, c
     assert "AWS_ENDPOINT_URL" in c.fix and "wrong-secret" not in c.detail + c.fix
+
+
+def _mountinfo(tmp_path, *mounts):
+    """A mountinfo file with these (mount point, fs type, super options), in order."""
+    lines = [f"{20 + i} 1 0:{i} / {point} rw,relatime - {fstype} {fstype} {options}"
+             for i, (point, fstype, options) in enumerate(mounts)]
+    path = tmp_path / "mountinfo"
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _shmem(tmp_path, chosen):
+    path = tmp_path / "shmem_enabled"
+    path.write_text(" ".join(f"[{w}]" if w == chosen else w
+                             for w in ("always", "within_size", "advise", "never", "deny", "force")) + "\n")
+    return str(path)
+
+
+def test_doctor_says_when_a_tmpfs_store_has_no_huge_pages(tmp_path):
+    """A store on a tmpfs of 4 KiB pages: a warning with the mount that fixes it; on huge pages
+    (the mount's huge=always, or shmem_enabled's [force]) a pass; [deny] overrides the mount; a
+    store anywhere else gets no such line. The mount is the deepest that holds the store, a
+    later mount over the same point wins, and mountinfo's octal escapes are read."""
+    from criu_gpushare.cli.doctor import check_store_pages
+    store = tmp_path / "my store" / "chunks"  # created on first use: its parent is what counts
+    store.parent.mkdir()
+    here = str(store.parent)
+    escaped = here.replace(" ", "\\040")
+    never = _shmem(tmp_path, "never")
+    small = _mountinfo(tmp_path, ("/", "ext4", "rw"), (escaped, "tmpfs", "rw,size=64G"))
+    (c,) = check_store_pages(str(store), small, never)
+    assert c.status == "warn" and "4 KiB pages" in c.detail and here in c.detail
+    assert "huge=always" in c.fix and "mount -t tmpfs" in c.fix
+    huge = _mountinfo(tmp_path, ("/", "ext4", "rw"), (escaped, "tmpfs", "rw,size=64G"),
+                      (escaped, "tmpfs", "rw,size=64G,huge=always"))
+    assert [c.status for c in check_store_pages(str(store), huge, never)] == ["pass"]
+    assert [c.status for c in check_store_pages(str(store), small, _shmem(tmp_path, "force"))] == ["pass"]
+    assert [c.status for c in check_store_pages(str(store), huge, _shmem(tmp_path, "deny"))] == ["warn"]
+    assert check_store_pages(str(store), _mountinfo(tmp_path, ("/", "ext4", "rw")), never) == []
+    nested = _mountinfo(tmp_path, ("/", "tmpfs", "rw"), (escaped, "xfs", "rw"))
+    assert check_store_pages(str(store), nested, never) == []
+    assert check_store_pages("s3://bucket/prefix", small, never) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_doctor_reads_this_machines_mounts_for_the_store(tmp_path):
+    """Against /proc/self/mountinfo: a tmpfs mounted with huge=always passes (unless this kernel
+    denies huge pages to every tmpfs), one without them is warned about (unless it forces them)."""
+    from criu_gpushare.cli.doctor import SHMEM_ENABLED, check_store_pages
+    try:
+        chosen = open(SHMEM_ENABLED).read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        chosen = "never"
+    for options, want in (("huge=always", "warn" if chosen == "deny" else "pass"),
+                          ("huge=never", "pass" if chosen == "force" else "warn")):
+        point = tmp_path / options
+        point.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size=16m,{options}", "tmpfs", str(point)], check=True)
+        try:
+            assert [c.status for c in check_store_pages(str(point / "store"))] == [want], options
+        finally:
+            subprocess.run(["umount", str(point)], check=True)
