@@ -264,8 +264,8 @@ def check_store_pages(store, mountinfo=MOUNTINFO, shmem_enabled=SHMEM_ENABLED):
                   f"{store} is on a tmpfs of 4 KiB pages ({point}): GPU memory saves and loads run "
                   "slower there (40 GiB on an H200: a dump 3.34 s against 2.68 s on huge pages)",
                   "give the store a tmpfs of its own with huge pages: mount -t tmpfs -o "
-                  "huge=always,size=SIZE,mode=0700 tmpfs DIR, and point the store there (README, "
-                  "Settings)")]
+                  "huge=always,size=SIZE,mode=0700 tmpfs DIR, and point the store there "
+                  '(README, "Settings")')]
 
 
 def _check_object_store(url):
