@@ -116,8 +116,7 @@ class DumpJob:
         with open_store(self.options.store) as store:
             store.read_ref(self.ref)  # the ref a restore needs must be there
             store.sync()
-            root_fd = getattr(store, "root_fd", None)  # a directory store; none in S3
-            store_dev = os.fstat(root_fd).st_dev if root_fd is not None else None
+            store_dev = store.synced_device()
         sync_image(self.images_dir, skip_dev=store_dev)
         self.completed = True
         self.journal.set(completed=True)

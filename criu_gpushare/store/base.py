@@ -4,7 +4,7 @@ node cache. The backends differ in how a chunk, a manifest, a ref, a lease or a 
 copy engine and the commands see only this interface:
 
   put(view) -> PutResult, claim_present(cid, length), get(cid, buf, verify) -> Source,
-  read_chunk(cid, view, verify), chunk_path(cid), scan_chunks(), sync(),
+  read_chunk(cid, view, verify), chunk_path(cid), scan_chunks(), sync(), synced_device(),
   begin_write(purpose) -> a session (put, claim_present, commit(ref, manifest)),
   write_manifest / read_manifest / set_ref / read_ref / list_refs / remove_ref,
   hold / holds / held_refs, check_chunks(manifest), presence_problem(cid, length),
@@ -35,6 +35,10 @@ class ChunkStore:
     def close(self):
         if self.cache is not None:
             self.cache.close()
+
+    def synced_device(self):
+        """The local file system (st_dev) that sync() makes durable; None where there is none."""
+        return None
 
     @staticmethod
     def _hash_put(data, cid=None):

@@ -141,6 +141,9 @@ class Store(ChunkStore):
         """Make everything written so far durable (syncfs of the store's file system)."""
         fsutil.syncfs(self.root_fd, self.path)
 
+    def synced_device(self):
+        return os.fstat(self.root_fd).st_dev
+
     # -- manifests, refs and write sessions (see catalog.py and leases.py) ----------------------
 
     def write_manifest(self, manifest):

@@ -169,3 +169,9 @@ def test_a_taken_temp_name_is_retried_with_a_fresh_one(store, monkeypatch):
     assert store.put(data).status.value == "new"
     assert os.path.getsize(os.path.join(fan, taken)) == 0  # the other writer's file untouched
     assert sorted(os.listdir(fan)) == sorted([taken, cid])
+
+
+def test_a_directory_store_names_the_file_system_its_sync_makes_durable(store):
+    """post-dump syncs CRIU's image's file system too, unless it is this one (engine/dump.py)."""
+    store.sync()
+    assert store.synced_device() == os.stat(store.path).st_dev
