@@ -16,6 +16,7 @@ A run's options (engine/steps.py Options) are made from the settings here only, 
 its journal and, for a dump, in the image's record.
 """
 import concurrent.futures
+import contextlib
 import dataclasses
 import os
 import shutil
@@ -116,11 +117,16 @@ def resume(pids, settings, report=print, mark=_no_mark):
 # -- dump ----------------------------------------------------------------------------------------
 
 
-def _criu_options(criu, **more):
-    """CRIU's options for one request (rpc.CriuOptions) and the plugin directory made for it (to
-    remove after): CRIU's CUDA plugin must not touch our tasks."""
+@contextlib.contextmanager
+def _criu_request(criu):
+    """CRIU's options for one request (rpc.CriuOptions), with a plugin directory made for it and
+    removed once the request ended: CRIU's CUDA plugin must not touch our tasks."""
     plugins = libdir.plugin_dir_without_cuda()
-    return rpc.CriuOptions(libdir=plugins, **criu, **more), plugins
+    try:
+        yield rpc.CriuOptions(libdir=plugins, **criu)
+    finally:
+        if plugins:
+            shutil.rmtree(plugins, ignore_errors=True)
 
 
 class Dump:
@@ -146,7 +152,6 @@ class Dump:
         summary. criu: CRIU's options (rpc.CriuOptions fields); clock: marks the phases
         (cli/phases.py PhaseClock)."""
         pid, images_dir, job, interrupt = self.pid, self.images_dir, self.job, self.job.cancel
-        options, plugins = _criu_options(criu)
         state = {"gpu": False}
         gpu_out = None
 
@@ -179,12 +184,11 @@ class Dump:
                 # seizes any task): they run while CRIU starts, and pre-dump waits for them.
                 gpu_out = _InThread(job.begin, "gpu-out")
                 try:
-                    rpc.dump(images_dir, pid, options, on_notify, on_worker=watch.criu_started)
+                    with _criu_request(criu) as options:
+                        rpc.dump(images_dir, pid, options, on_notify, on_worker=watch.criu_started)
                     criu_ok = True
                     clock.mark("criu finish")
                 finally:
-                    if plugins:
-                        shutil.rmtree(plugins, ignore_errors=True)
                     if not gpu_out.delivered:  # CRIU failed before its pre-dump (or a Ctrl-C came
                         state["gpu"] = gpu_out.outcome(self.report)  # in it): undo what ran meanwhile
                     if state["gpu"]:
@@ -350,7 +354,6 @@ class Restore:
         except KeyboardInterrupt:
             raise Cancelled(f"restore of {images_dir} interrupted before CRIU began: nothing was "
                             "restored") from None
-        options, plugins = _criu_options(criu)
         gpu_state = self.record is not None
 
         def on_notify(action, _pid):
@@ -365,14 +368,12 @@ class Restore:
         # Once CRIU restores, nothing takes it back: an interrupt says so and the restore goes on.
         with cancel.on_interrupt(lambda: self.report(cancel.GOES_ON.format("restore"))):
             try:
-                root = rpc.restore(images_dir, options, on_notify if gpu_state else None)
+                with _criu_request(criu) as options:
+                    root = rpc.restore(images_dir, options, on_notify if gpu_state else None)
                 clock.mark("criu resume (tasks run)" if gpu_state else "criu restore (processes, host memory)")
             except BaseException:
                 self.stop_loading_ahead()
                 raise
-            finally:
-                if plugins:
-                    shutil.rmtree(plugins, ignore_errors=True)
             summary = {"state": "restored", "pid": root, "pids": [], "seconds": {},
                        "gpu_state": gpu_state, "ring_pinned_ahead": gpu_state and self.gpus_checked()}
             if gpu_state:

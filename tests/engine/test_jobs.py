@@ -142,3 +142,25 @@ def test_work_in_a_thread_is_handed_over_once_and_never_lost():
     del slow._future.result
     release.set()
     assert slow.outcome(said.append) == "undone later" and slow.delivered
+
+
+def test_a_criu_request_gets_a_plugin_directory_without_cuda_that_is_gone_after(tmp_path, monkeypatch):
+    """Where CRIU's plugins include NVIDIA's cuda_plugin.so, each request of the wrapper points
+    CRIU at a private directory of the others, removed once the request ended, failed or not."""
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    for name in ("cuda_plugin.so", "amdgpu_plugin.so"):
+        (libs / name).write_bytes(b"")
+    monkeypatch.setenv("CRIU_LIBS_DIR", str(libs))
+    with jobs._criu_request({}) as options:
+        private = options.libdir
+        assert sorted(os.listdir(private)) == ["amdgpu_plugin.so"]
+    assert not os.path.exists(private)
+    with pytest.raises(RuntimeError):
+        with jobs._criu_request({}) as options:
+            private = options.libdir
+            raise RuntimeError("CRIU failed")
+    assert not os.path.exists(private) and sorted(os.listdir(libs)) == ["amdgpu_plugin.so", "cuda_plugin.so"]
+    (libs / "cuda_plugin.so").unlink()
+    with jobs._criu_request({}) as options:
+        assert options.libdir is None  # CRIU's own directory is right as it is
