@@ -44,3 +44,14 @@ def thread_state(pid, tid):
     except OSError:
         return None
     return fields[0].decode() if fields else None
+
+
+def thread_states(pid):
+    """{tid: state letter} of pid's threads (those that exit meanwhile left out); {} when pid is
+    gone."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return {}
+    states = {tid: thread_state(pid, tid) for tid in tids}
+    return {tid: s for tid, s in states.items() if s is not None}

@@ -9,7 +9,7 @@ a suspend or dump, UNDO_WAIT_S for each step of a resume or rollback.
 import os
 import time
 
-from .procfs import thread_state
+from .procfs import thread_states
 
 UNDO_WAIT_S = 60.0      # a resume or rollback step's waits on the group (there is no --timeout there)
 DRIVER_MOVE_S = 600.0   # a driver checkpoint or restore call: it moves the GPU memory of a process
@@ -32,28 +32,18 @@ class Deadline:
         return time.monotonic() >= self.end
 
 
-def _states(pid):
-    """{tid: state letter} of pid's threads; {} when it is gone."""
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        return {}
-    states = {tid: thread_state(pid, tid) for tid in tids}
-    return {tid: s for tid, s in states.items() if s is not None}  # some exited meanwhile
-
-
 def stopped(pid):
     """"stopped (SIGSTOP)" while a thread of pid is in a job-control stop (state T: the whole
     process stops; no thread of it answers until SIGCONT), else None. A thread stopped by a tracer
     (state t) is not counted: the tool's own freezer stops threads that way and spares the ones
     it needs."""
-    return "stopped (SIGSTOP)" if "T" in _states(pid).values() else None
+    return "stopped (SIGSTOP)" if "T" in thread_states(pid).values() else None
 
 
 def stopped_by_tracer(pid):
     """"stopped by its tracer (pid N)" when pid's main thread is in a tracing stop by another
     process than this one (a debugger), else None."""
-    if _states(pid).get(pid) != "t":
+    if thread_states(pid).get(pid) != "t":
         return None
     try:
         with open(f"/proc/{pid}/status") as f:

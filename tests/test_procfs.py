@@ -54,3 +54,19 @@ def test_a_thread_has_its_own_state():
     finally:
         stop.set()
         t.join()
+
+
+def test_every_thread_of_a_process_has_its_state_and_a_gone_process_none():
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait)
+    t.start()
+    try:
+        states = procfs.thread_states(os.getpid())
+        assert {os.getpid(), t.native_id} <= set(states)
+        assert states[os.getpid()] == "R"  # this thread, reading them
+    finally:
+        stop.set()
+        t.join()
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    assert procfs.thread_states(p.pid) == {}

@@ -75,11 +75,10 @@ def tid_of_ns_tid(pid, nstid):
 
 
 def group_stopped(pid):
-    """Every thread of pid is in a group stop (SIGSTOP), none traced or running."""
-    try:
-        return all(procfs.thread_state(pid, t) in ("T", None) for t in thread_ids(pid))
-    except ProcessError:
-        return False
+    """Every thread of pid is in a group stop (SIGSTOP), none traced or running; False when pid
+    is gone."""
+    states = procfs.thread_states(pid)
+    return bool(states) and all(s == "T" for s in states.values())
 
 
 def thread_name(pid, tid):
