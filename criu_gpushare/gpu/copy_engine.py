@@ -235,11 +235,12 @@ class CopyEngine:
     def save_all(self, items):
         """Save many allocations through one pipeline: [(manifest Allocation, CopyStats)] in order.
 
-        Items are opened (item.open()) HASH_GROUP at a time and their GPU ids computed at once;
-        each item's memory stays open only until its device-to-host copies are done; hashing and
-        writing its chunks go on while the next items are copied, so many small allocations move
-        at the rate of few large ones. The ring's slots are shared by all items: a slot is reused
-        once its previous chunk, of whichever item, is stored."""
+        Items are opened (item.open()) HASH_GROUP at a time: their GPU ids are computed at once,
+        their device-to-host copies queued one item after the other, and once the copies are done
+        their ids computed again at once (nothing may have changed), then they are closed; hashing
+        and writing their chunks go on while the next groups are opened and copied, so many small
+        allocations move at the rate of few large ones. The ring's slots are shared by all items:
+        a slot is reused once its previous chunk, of whichever item, is stored."""
         cu = drv.driver()
         slot_futures = [None] * self.ring_slots
         next_slot = 0
@@ -256,8 +257,8 @@ class CopyEngine:
                     ptr = stack.enter_context(item.open())
                     opened.append((item, stack, ptr, t0, time.monotonic() - t0))
                 group_ids = self._gpu_ids([(item.device, ptr, item.size) for item, _, ptr, _, _ in opened])
-                for ids in group_ids:
-                    item, stack, ptr, t0, opening = opened[0]
+                queued = []  # per item of the group: (gpu ids, known, [(chunk index, future)], unchanged)
+                for (item, _, ptr, _, _), ids in zip(opened, group_ids):
                     stream, events = self.prepare(item.device, ring=False)
                     gpu_ids, known = self._known(ids, item.size)
                     unchanged = sum(r.length for r in known if r is not None)
@@ -280,12 +281,15 @@ class CopyEngine:
                         slot_futures[slot] = self.pool.submit(self._store_slot, item.device, events[slot],
                                                               slot, length, cid)
                         futures.append((i, slot_futures[slot]))
-                    if todo:  # the copies have read the memory: it may close while the puts go on
-                        drv.check(cu.cuStreamSynchronize(stream), f"finish copying {item.key}")
-                        if gpu_ids[0] is not None:
-                            self._check_unchanged(item, ptr, gpu_ids, stream)
+                    queued.append((gpu_ids, known, futures, unchanged))
+                # The copies have read the group's memory: it may close while the puts go on.
+                for device in sorted({item.device for item, *_ in opened}):
+                    drv.check(cu.cuStreamSynchronize(self._streams[device]), "finish copying to host")
+                self._check_unchanged([(item, ptr, gpu_ids) for (item, _, ptr, _, _), (gpu_ids, _, futures, _)
+                                       in zip(opened, queued) if futures and gpu_ids[0] is not None])
+                for gpu_ids, known, futures, unchanged in queued:
+                    item, stack, _, t0, opening = opened.pop(0)
                     t1 = time.monotonic()
-                    opened.pop(0)
                     stack.close()
                     saves.append((item, gpu_ids, list(known), futures, unchanged, t0, opening,
                                   time.monotonic() - t1))
@@ -310,15 +314,20 @@ class CopyEngine:
             return None
         return gpu_id
 
-    def _check_unchanged(self, item, ptr, gpu_ids, stream):
-        """The ids on the GPU again, now that the copies are done: a chunk whose bytes changed
-        since they were hashed would be stored under a name that is not its hash."""
-        again = self.hasher(item.device).chunk_ids(ptr, item.size, self.chunk_size, stream)
-        for (off, _), before, after in zip(self._chunks(item.size), gpu_ids, again):
-            if before != after:
-                raise DriverError(f"{item.key}: the GPU memory at offset {off} changed while it was "
-                                  "saved (written after the processes were quiesced): the save fails "
-                                  "rather than store bytes under a name that is not their hash")
+    def _check_unchanged(self, copied):
+        """The GPU ids of what was copied ([(item, pointer, ids before)]) computed again, at once,
+        now that the copies are done: a chunk whose bytes changed since they were hashed would be
+        stored under a name that is not its hash."""
+        again = self._gpu_ids([(item.device, ptr, item.size) for item, ptr, _ in copied])
+        for (item, _, before), after in zip(copied, again):
+            if after is None:
+                raise DriverError(f"{item.key}: its GPU ids could not be computed again once it was "
+                                  "copied, so whether it changed meanwhile is unknown: the save fails")
+            for (off, _), was, now in zip(self._chunks(item.size), before, after):
+                if was != now:
+                    raise DriverError(f"{item.key}: the GPU memory at offset {off} changed while it "
+                                      "was saved (written after the processes were quiesced): the save "
+                                      "fails rather than store bytes under a name that is not their hash")
 
     def _store_slot(self, device, event, slot, length, cid):
         use_device(device)
