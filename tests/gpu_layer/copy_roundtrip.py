@@ -7,7 +7,7 @@ a repeated part, exports it as a POSIX fd, imports that fd as the tool would (Im
 saves it with the CopyEngine, clears the memory, loads it back, and compares. Prints one JSON line.
 With --pieces K the memory is K allocations of equal size (the last takes the rest), saved with
 one save_all and loaded with one load_all; "most_open" says how many pieces each was seen to
-hold open at once (a save opens them a hash group at a time, a load one at a time); --slow-put
+hold open at once (both hold a hash group open at a time); --slow-put
 makes every store put take S seconds more, and "save_s" says how long save_all took.
 """
 import contextlib
