@@ -14,4 +14,6 @@ def test_a_device_checked_load_is_intact_and_refuses_a_damaged_chunk(fake_env, t
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["intact"] and out["host_hashed"] is False
+    # one group of three allocations: two damaged chunks read again (checked), one zeroed again
+    assert out["reloaded"] == {"intact": True, "all_damaged": True, "reread_checked": 2}, out
     assert "is corrupted" in out["damaged"] and out["victim"] in out["damaged"], out
