@@ -43,6 +43,9 @@ def test_unchanged_chunks_do_not_cross_the_link(fake_env, tmp_path):
     assert out["hasher_calls"] == 3
     # Memory written between its hashing and the end of the copies fails the save.
     assert "offset 3145728 changed while it was saved" in out["changed"], out["changed"]
+    # ... also when it is one allocation of a group, checked with the others once all are copied
+    assert "p2: the GPU memory at offset 1048576 changed" in out["changed_in_group"], \
+        out["changed_in_group"]
 
 
 def test_switched_off_by_the_environment(fake_env, tmp_path):

@@ -9,9 +9,11 @@ nothing, counts it `unchanged` and refreshes the chunks' mtimes; a chunk removed
 rewritten on the device, crosses the link again, put under its device id without hashing it again
 unless it is the first of its length copied (or every 64th); a hasher that lies about such a chunk
 makes the save fail, and so does memory written between its hashing and the end of its copy; a
-save that copied nothing in a process that loads next (pin_ahead) leaves the load a ring already pinned.
+save that copied nothing in a process that loads next (pin_ahead) leaves the load a ring already pinned;
+memory written mid-save in one allocation of a group fails the save, naming it.
 Prints one JSON line.
 """
+import contextlib
 import ctypes
 import json
 import os
@@ -115,7 +117,8 @@ def main():
                 out["lie"] = str(e)
         out["hasher_calls"] = hasher.calls
         out["pin_ahead"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3)
-        out["changed"] = written_while_saved(session, store, mem, size, chunk, alloc3)  # last: it writes
+        out["changed"] = written_while_saved(session, store, mem, size, chunk, alloc3)  # it writes
+        out["changed_in_group"] = written_in_a_group(session, store, mem, size, chunk)
     json.dump(out, sys.stdout)
 
 
@@ -172,6 +175,43 @@ def pinned_for_the_load(session, store, mem, size, chunk, alloc):
         return {"copied": stats.copied, "by_save": made["ahead"], "by_load": made["on the path"]}
     finally:
         memory.PinnedBuffer = real
+
+
+class WritesAfterHashingAt(CpuHasher):
+    """Hashes, then (once) rewrites the chunk at device address `target` when the region hashed
+    holds it: one allocation of a group still written mid-save."""
+
+    def __init__(self, target):
+        super().__init__()
+        self.target = target
+
+    def chunk_ids(self, ptr, size, chunk_size, stream=0):
+        ids = super().chunk_ids(ptr, size, chunk_size, stream)
+        if self.target is not None and int(ptr) <= self.target < int(ptr) + size:
+            target, self.target = self.target, None
+            drv.check(drv.driver().cuMemsetD8(target, 0x5D, chunk_size), "write mid-save")
+        return ids
+
+
+def written_in_a_group(session, store, mem, size, chunk):
+    """The memory saved as three allocations (3, 3 and 2 MiB) in one group; chunks 2 and 6 missing
+    from the store, so pieces 0 and 2 are copied, and the chunk after 6 rewritten once its piece
+    was hashed: the group's second look names piece 2 and the offset in it."""
+    from criu_gpushare.gpu.copy_engine import SaveItem
+    now = CpuHasher().chunk_ids(mem.ptr, size, chunk)
+    for i in (2, 6):
+        path = store.chunks.chunk_path(now[i])
+        if os.path.exists(path):
+            os.unlink(path)
+    pieces = [(0, 3 * MiB), (3 * MiB, 3 * MiB), (6 * MiB, 2 * MiB)]
+    with CopyEngine(session, ring_slots=3, chunk_size=chunk, workers=2) as engine:
+        engine._hashers[0] = WritesAfterHashingAt(int(mem.ptr) + 7 * MiB)
+        try:
+            engine.save_all([SaveItem(f"p{k}", n, 0, lambda o=off: contextlib.nullcontext(int(mem.ptr) + o))
+                             for k, (off, n) in enumerate(pieces)])
+            return "saved"
+        except DriverError as e:
+            return str(e)
 
 
 if __name__ == "__main__":
