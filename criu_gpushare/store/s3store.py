@@ -74,20 +74,31 @@ class S3Store(ChunkStore):
 
     def _check_or_write_store_file(self, create):
         from .store import check_store_doc
-        try:
-            data = self.client.get_small(STORE_FILE, limit=1 << 20)
-        except FileNotFoundError:
+        data = self._store_file()
+        if data is None:
             if not create:
                 raise StoreError(f"{self.client.where(STORE_FILE)}: not a criu-gpushare store (no "
-                                 f"{STORE_FILE}); it is created by the first dump") from None
+                                 f"{STORE_FILE}); it is created by the first dump")
             if next(iter(self.client.list("")), None) is not None:
-                raise StoreError(f"{self.path}: not empty and not a criu-gpushare store (no "
-                                 f"{STORE_FILE}); refusing to turn it into one")
-            doc = {"format": STORE_FORMAT, "version": STORE_VERSION, "hash": HASH_NAME,
-                   "chunk_size_max": CHUNK_SIZE_MAX}
-            self.client.put(STORE_FILE, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
-            return
+                # Another dump may have made the store since we looked, and written into it:
+                # its store file is there now. Else the prefix holds something else.
+                data = self._store_file()
+                if data is None:
+                    raise StoreError(f"{self.path}: not empty and not a criu-gpushare store (no "
+                                     f"{STORE_FILE}); refusing to turn it into one")
+            else:  # two first dumps at once write the same document
+                doc = {"format": STORE_FORMAT, "version": STORE_VERSION, "hash": HASH_NAME,
+                       "chunk_size_max": CHUNK_SIZE_MAX}
+                self.client.put(STORE_FILE, json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n")
+                return
         check_store_doc(data, self.client.where(STORE_FILE))
+
+    def _store_file(self):
+        """The store file's bytes, or None when there is none."""
+        try:
+            return self.client.get_small(STORE_FILE, limit=1 << 20)
+        except FileNotFoundError:
+            return None
 
     def close(self):
         self.client.close()

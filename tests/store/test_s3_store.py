@@ -143,6 +143,28 @@ def test_a_prefix_without_a_store_is_not_read_as_one(s3_env, s3_server):
 
 # -- concurrency: two dumps, gc during a dump ------------------------------------------------------
 
+def test_a_first_dump_that_finds_the_store_made_meanwhile_uses_it(s3_env, s3_store_url, monkeypatch):
+    """Two first dumps at once: one looks for the store file, finds none, and by the time it lists
+    the prefix the other has made the store and written into it. It uses that store (a prefix
+    holding something else is still refused: test_a_prefix_without_a_store_is_not_read_as_one)."""
+    real = S3Store._store_file
+    looks = []
+
+    def the_other_dump_comes_first(self):
+        looks.append(1)
+        if len(looks) == 1:
+            with open_store(s3_store_url, create=True) as other:
+                commit(other, "other", [chunk_bytes(1, 60_000)])
+            return None  # what this dump saw before the other one wrote
+        return real(self)
+    monkeypatch.setattr(S3Store, "_store_file", the_other_dump_comes_first)
+    with open_store(s3_store_url, create=True) as st:
+        commit(st, "mine", [chunk_bytes(2, 60_000)])
+    monkeypatch.setattr(S3Store, "_store_file", real)
+    with open_store(s3_store_url) as st:
+        assert st.list_refs() == ["mine", "other"]
+
+
 def test_two_dumps_at_once_share_chunks(s3_env, s3_store_url):
     shared = [chunk_bytes(i, 60_000) for i in range(6)]
     errors = []
