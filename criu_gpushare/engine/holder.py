@@ -14,7 +14,8 @@ SIGINT, SIGHUP and SIGPIPE, and its writes to a client that went away are droppe
 start passes the command's Ctrl-C on as a request that the work asks between steps
 (engine/cancel.py).
 
-State files (engine/statedir.py): holder-K.sock (its socket), holder-K.log (its log).
+State files (engine/statedir.py): holder-K.sock (its socket), holder-K.log (its log). Each start
+removes the logs of holders and dump watches that ended a week ago or more (statedir.prune_logs).
 Wire format: one JSON object per line. The client sends {"cmd": ...}; the holder answers with
 zero or more {"event": "progress", "message": ...} lines and one final
 {"event": "done", "ok": bool, "message": ..., "exit_code": int, "result": {...}}.
@@ -30,7 +31,7 @@ import traceback
 
 from ..errors import EXIT_BUG, Error, Failed, GroupHeld, Interrupted, ProcessError
 from . import cancel
-from .statedir import path_of
+from .statedir import path_of, prune_logs
 
 
 def _paths(key):
@@ -137,6 +138,7 @@ def start(work, on_progress=print, cancellable=False):
     holder goes on). Must be called before this process initialises CUDA (fork and CUDA do not mix).
     """
     _standard_fds_open()
+    prune_logs()
     rfd, wfd = os.pipe()
     cancel_r, cancel_w = os.pipe() if cancellable else (None, None)
     pid = os.fork()

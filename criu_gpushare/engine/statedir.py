@@ -9,6 +9,7 @@ engine/holder.py.
 import json
 import os
 import stat
+import time
 
 from ..config import state_dir_path
 from ..errors import Error, StateFileError
@@ -103,6 +104,28 @@ def remove(name):
         os.unlink(path_of(name))
     except FileNotFoundError:
         pass
+
+
+LOG_KEEP_S = 7 * 24 * 3600
+
+
+def prune_logs(keep_s=LOG_KEEP_S, now=None):
+    """Remove the logs (*.log) of holders and dump watches that ended keep_s ago or more: written
+    to last that long ago, with no socket beside them (a holder that still serves, a suspend's for
+    one, may write nothing for weeks). The directory is in /run, in memory, and a node that
+    checkpoints often would otherwise keep every log until it reboots. Best effort."""
+    directory = state_dir()
+    now = time.time() if now is None else now
+    for name in os.listdir(directory):
+        if not name.endswith(".log") or os.path.exists(os.path.join(directory, name[:-4] + ".sock")):
+            continue
+        path = os.path.join(directory, name)
+        try:
+            st = os.lstat(path)
+            if stat.S_ISREG(st.st_mode) and now - st.st_mtime >= keep_s:
+                os.unlink(path)
+        except OSError:
+            pass  # gone meanwhile, or not ours to remove
 
 
 def names(prefix):

@@ -48,3 +48,30 @@ def test_start_time_names_one_process():
     assert me is not None and statedir.same_process(os.getpid(), me)
     assert not statedir.same_process(os.getpid(), me + 1)
     assert statedir.start_time(2 ** 22 + 17) is None
+
+
+def test_logs_of_what_ended_a_week_ago_are_removed_and_the_rest_kept(run_dir):
+    """prune_logs (each holder start): a log untouched for a week with no socket beside it goes; a
+    recent one, one whose holder still serves (its socket), and anything not a regular .log file
+    stay."""
+    d = statedir.state_dir()
+    week = statedir.LOG_KEEP_S
+    now = 10 * week
+
+    def made(name, age, link_to=None):
+        path = os.path.join(d, name)
+        if link_to:
+            os.symlink(link_to, path)
+        else:
+            with open(path, "w") as f:
+                f.write("x\n")
+        os.utime(path, (now - age, now - age), follow_symlinks=link_to is None)
+        return path
+
+    gone = [made("holder-restore-41.log", week), made("dumpwatch-7.log", 3 * week)]
+    kept = [made("holder-restore-42.log", week - 60), made("holder-9.log", 5 * week),
+            made("holder-9.sock", 5 * week), made("restore-43.json", 5 * week),
+            made("holder-8.log", 5 * week, link_to="/nonexistent")]
+    statedir.prune_logs(now=now)
+    assert [p for p in gone if os.path.lexists(p)] == []
+    assert [p for p in kept if not os.path.lexists(p)] == []
