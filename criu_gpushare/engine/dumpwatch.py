@@ -24,7 +24,7 @@ import sys
 import time
 
 from .faults import FAULT_ENV
-from .statedir import path_of
+from .statedir import open_log, path_of
 
 CRIU_EXIT_WAIT_S = 600  # CRIU without its RPC peer fails at its next notification; a large dump's
 # memory pass may come first. Past this, resume runs anyway and says what holds the tasks.
@@ -62,7 +62,7 @@ class DumpWatch:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
         path = log_path(key)
         try:
-            with open(path, "ab") as log:
+            with os.fdopen(open_log(path), "ab") as log:
                 proc = subprocess.Popen([sys.executable, "-m", __name__, str(key), str(os.getpid())],
                                         stdin=read_end,
                                         stdout=log, stderr=log, env=env, start_new_session=True)

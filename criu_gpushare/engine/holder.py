@@ -14,8 +14,8 @@ SIGINT, SIGHUP and SIGPIPE, and its writes to a client that went away are droppe
 start passes the command's Ctrl-C on as a request that the work asks between steps
 (engine/cancel.py).
 
-State files (engine/statedir.py): holder-K.sock (its socket), holder-K.log (its log). Each start
-removes the logs of holders and dump watches that ended a week ago or more (statedir.prune_logs).
+State files (engine/statedir.py): holder-K.sock (its socket), holder-K.log (its log; opening it
+removes the logs of holders and dump watches that ended a week ago or more: statedir.open_log).
 Wire format: one JSON object per line. The client sends {"cmd": ...}; the holder answers with
 zero or more {"event": "progress", "message": ...} lines and one final
 {"event": "done", "ok": bool, "message": ..., "exit_code": int, "result": {...}}.
@@ -31,7 +31,7 @@ import traceback
 
 from ..errors import EXIT_BUG, Error, Failed, GroupHeld, Interrupted, ProcessError
 from . import cancel
-from .statedir import path_of, prune_logs
+from .statedir import open_log, path_of
 
 
 def _paths(key):
@@ -138,7 +138,6 @@ def start(work, on_progress=print, cancellable=False):
     holder goes on). Must be called before this process initialises CUDA (fork and CUDA do not mix).
     """
     _standard_fds_open()
-    prune_logs()
     rfd, wfd = os.pipe()
     cancel_r, cancel_w = os.pipe() if cancellable else (None, None)
     pid = os.fork()
@@ -251,7 +250,7 @@ def _holder_main(work, wfd):
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
         signal.signal(sig, signal.SIG_IGN)
     sock_path, log = _paths(work.key)
-    logfd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    logfd = open_log(log)
     devnull = os.open(os.devnull, os.O_RDONLY)
     os.dup2(devnull, 0)
     os.dup2(logfd, 1)

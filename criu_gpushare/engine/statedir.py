@@ -113,7 +113,8 @@ def prune_logs(keep_s=LOG_KEEP_S, now=None):
     """Remove the logs (*.log) of holders and dump watches that ended keep_s ago or more: written
     to last that long ago, with no socket beside them (a holder that still serves, a suspend's for
     one, may write nothing for weeks). The directory is in /run, in memory, and a node that
-    checkpoints often would otherwise keep every log until it reboots. Best effort."""
+    checkpoints often would otherwise keep every log until it reboots. Best effort; run by
+    open_log, as each holder or dump watch starts."""
     directory = state_dir()
     now = time.time() if now is None else now
     for name in os.listdir(directory):
@@ -126,6 +127,13 @@ def prune_logs(keep_s=LOG_KEEP_S, now=None):
                 os.unlink(path)
         except OSError:
             pass  # gone meanwhile, or not ours to remove
+
+
+def open_log(path):
+    """An fd appending to the log at `path` (in this directory; created 0600, never through a
+    link), once the logs of what ended long ago are removed (prune_logs)."""
+    prune_logs()
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def names(prefix):

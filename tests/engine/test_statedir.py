@@ -75,3 +75,18 @@ def test_logs_of_what_ended_a_week_ago_are_removed_and_the_rest_kept(run_dir):
     statedir.prune_logs(now=now)
     assert [p for p in gone if os.path.lexists(p)] == []
     assert [p for p in kept if not os.path.lexists(p)] == []
+
+
+def test_opening_a_log_appends_to_it_and_first_removes_those_long_ended(run_dir):
+    """open_log, where every holder and dump watch opens its log."""
+    d = statedir.state_dir()
+    old = os.path.join(d, "dumpwatch-5.log")
+    with open(old, "w") as f:
+        f.write("x\n")
+    os.utime(old, (1, 1))
+    path = os.path.join(d, "holder-6.log")
+    for line in (b"one\n", b"two\n"):
+        fd = statedir.open_log(path)
+        os.write(fd, line)
+        os.close(fd)
+    assert open(path, "rb").read() == b"one\ntwo\n" and not os.path.exists(old)
