@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 CHUNK_SIZE = 64 << 20
 HOST_CHECK_EVERY = 64  # of the chunks copied from one GPU, those put also hashes on the host
-HASH_GROUP = 16  # items a save opens and hashes at once (GPU ids of many on one GPU at a time)
+HASH_GROUP = 16  # items a save or a load holds open and hashes at once (GPU ids of many at a time)
 HASH_STREAMS = 8  # streams their kernels run on, side by side
 
 
@@ -80,7 +80,7 @@ class CopyStats:
     zero: int = 0
     unchanged: int = 0
     ahead: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the item's own time (a load leaves out its group's shared end)
     opening: float = 0.0  # of seconds: in item.open() (the memory's fd, its import and mapping)
     closing: float = 0.0  # of seconds: leaving it (unmapping and releasing the memory)
 
