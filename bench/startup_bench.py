@@ -14,6 +14,9 @@ ignores; each command pays the same start before its first useful step. Cases:
   post-resume   the hook's post-resume with nothing to bring back: the start it pays before it asks
              the restore's holder
   status     `criu-gpushare status` with no workload running (an empty state directory)
+  resume     `criu-gpushare resume PID` of a group whose holder answers at once (a holder of this
+             bench's, which loads nothing): the command's start, its journal check, the request and
+             the reply, what a user's in-place resume pays beyond the holder's own work
 No GPU needed for those; run it on the machine whose figures you want.
 
     python3 bench/startup_bench.py --gpu          # on a GPU machine: also the GPU's start, step by step
@@ -38,20 +41,51 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from criu_gpushare.engine import holder, journal as jn  # noqa: E402
 
 
-def cases(py, images_dir):
+class AnswersResume(holder.Work):
+    """A suspend's holder as `resume` finds it (the group's worker), with no GPU work: it answers
+    "resume" at once with an empty summary."""
+
+    def __init__(self, journal):
+        self.journal, self.key, self.pids = journal, journal.key, journal.pids
+
+    def begin(self, report):
+        self.journal.adopt()
+        return {}, True
+
+    def handle(self, cmd, fields, report):
+        self.journal.close()
+        return {"state": "resumed", "pids": self.pids, "seconds": {}, "phases": {},
+                "bytes": {"copied": 0, "written": 0, "deduplicated": 0, "zero": 0}}, False
+
+
+def suspended(pid):
+    """Before each run of the resume case: pid's group suspended, its holder listening."""
+    def prepare():
+        journal = jn.Journal.create("suspend", [pid], jn.SUSPENDED, store="-", ref="-")
+        final = holder.start(AnswersResume(journal), on_progress=lambda m: None)
+        if not final["ok"]:
+            raise RuntimeError(f"the bench's holder did not start: {final}")
+    return prepare
+
+
+def cases(py, images_dir, member):
+    """name -> (argv, environment added, what runs before each run or None)."""
     hook = "import sys; from criu_gpushare.hook.entry import main; sys.exit(main())"  # its entry point
     restored = {"CRTOOLS_IMAGE_DIR": images_dir, "CRTOOLS_INIT_PID": str(os.getpid())}
     return {
-        "python": ([py, "-c", "pass"], {}),
-        "cli-help": ([py, "-m", "criu_gpushare.cli", "--help"], {}),
-        "hook-skip": ([py, "-c", hook], {"CRTOOLS_SCRIPT_ACTION": "network-lock"}),
-        "post-restore": ([py, "-c", hook], dict(restored, CRTOOLS_SCRIPT_ACTION="post-restore")),
+        "python": ([py, "-c", "pass"], {}, None),
+        "cli-help": ([py, "-m", "criu_gpushare.cli", "--help"], {}, None),
+        "hook-skip": ([py, "-c", hook], {"CRTOOLS_SCRIPT_ACTION": "network-lock"}, None),
+        "post-restore": ([py, "-c", hook], dict(restored, CRTOOLS_SCRIPT_ACTION="post-restore"), None),
         # its own state directory, where post-restore's runs have left nothing to bring back
         "post-resume": ([py, "-c", hook], dict(restored, CRTOOLS_SCRIPT_ACTION="post-resume",
-                                               CRIU_GPUSHARE_RUN_DIR=os.path.join(images_dir, "run"))),
-        "status": ([py, "-m", "criu_gpushare.cli", "status"], {}),
+                                               CRIU_GPUSHARE_RUN_DIR=os.path.join(images_dir, "run")), None),
+        "status": ([py, "-m", "criu_gpushare.cli", "status"], {}, None),
+        "resume": ([py, "-m", "criu_gpushare.cli", "resume", str(member)], {}, suspended(member)),
     }
 
 
@@ -101,7 +135,9 @@ def gpu_steps(py, env, runs):
     return {k: round(statistics.median(r[k] for r in rows) * 1e3, 1) for k in rows[0]}
 
 
-def time_once(argv, env):
+def time_once(argv, env, prepare=None):
+    if prepare is not None:
+        prepare()
     t0 = time.monotonic()
     proc = subprocess.run(argv, env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.monotonic() - t0
@@ -117,9 +153,19 @@ def main(argv=None):
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     ap.add_argument("--gpu", action="store_true", help="also the GPU's start, step by step (needs a GPU)")
     args = ap.parse_args(argv)
+    member = subprocess.Popen(["sleep", "3600"])  # the resume case's suspended group
+    try:
+        return run(args, member.pid)
+    finally:
+        member.kill()
+        member.wait()
+
+
+def run(args, member):
     with tempfile.TemporaryDirectory(prefix="criu-gpushare-startup.") as run_dir:
         os.chmod(run_dir, 0o700)
-        base = dict(os.environ, CRIU_GPUSHARE_RUN_DIR=run_dir,
+        os.environ["CRIU_GPUSHARE_RUN_DIR"] = run_dir  # the resume case's journal and holder too
+        base = dict(os.environ,
                     PYTHONPATH=os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
         images_dir = os.path.join(run_dir, "images")  # an image of ours, as post-restore sees one
         os.mkdir(images_dir)
@@ -128,10 +174,10 @@ def main(argv=None):
             json.dump({"format": 1, "gpu_state": False, "store": run_dir, "ref": "-", "gpus": [],
                        "processes": [], "group": {}}, f)
         results = {}
-        for name, (cmd, extra) in cases(args.python, images_dir).items():
+        for name, (cmd, extra, prepare) in cases(args.python, images_dir, member).items():
             env = dict(base, **extra)
-            time_once(cmd, env)  # warm the page cache and the bytecode cache: not counted
-            runs = [time_once(cmd, env) for _ in range(args.runs)]
+            time_once(cmd, env, prepare)  # warm the page cache and the bytecode cache: not counted
+            runs = [time_once(cmd, env, prepare) for _ in range(args.runs)]
             results[name] = {"median_ms": round(statistics.median(runs) * 1e3, 1),
                              "min_ms": round(min(runs) * 1e3, 1), "max_ms": round(max(runs) * 1e3, 1),
                              "runs": args.runs, "command": " ".join(cmd)}

@@ -10,7 +10,7 @@ environment and the config file matter):
   4. the embedded default: store /var/lib/criu-gpushare/store, no cache, gc grace 1h, verify on;
      for a restore, the store its dump recorded in the image before this default
 A job's own settings (the drain timeout, flag only; the GPU map, flag or CRIU_GPUSHARE_GPU_MAP) are
-added by engine/jobs.py's load_settings, which every command that runs a job and the hook use.
+added by engine/settings.py's load_settings, which every command that runs a job and the hook use.
 
 The store is a directory or s3://BUCKET/PREFIX (an S3-compatible server; its endpoint and
 credentials come from the standard AWS environment variables and files, never from here).
@@ -72,7 +72,7 @@ class Settings:
     gc_grace_s: float
     verify: bool
     origin: dict = field(default_factory=dict)  # setting -> "flag" | "env NAME" | file | "default"
-    # A job's own (engine/jobs.py resolves them, by the same order): flag only, and flag or
+    # A job's own (engine/settings.py resolves them, by the same order): flag only, and flag or
     # CRIU_GPUSHARE_GPU_MAP (the hook's --gpu-map).
     timeout_s: float = DEFAULT_TIMEOUT_S
     gpu_map: dict = field(default_factory=dict)

@@ -16,6 +16,7 @@ import click
 from ..criu import rpc
 from ..engine import jobs
 from ..engine.results import format_summary
+from ..engine.settings import load_settings
 from .phases import PhaseClock, format_phases
 from .suspend import parse_gpu_map
 
@@ -68,7 +69,7 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
     dumped. On failure the tree runs on as before.
     """
     clock = PhaseClock()
-    settings = jobs.load_settings({"store": store})
+    settings = load_settings({"store": store})
     job = jobs.Dump.of_command(pid, images_dir, settings, report=_say)
     summary = job.run(dict(_passed(kwargs), leave_running=leave_running, link_remap=link_remap), clock)
     _print(summary, as_json, f"dumped {pid} into {job.images_dir}")
@@ -85,7 +86,7 @@ def dump(pid, images_dir, leave_running, link_remap, store, as_json, **kwargs):
 def restore(images_dir, store, gpu_map, as_json, **kwargs):
     """Restore the tree dumped into DIR, GPU state included; print the restored root pid."""
     clock = PhaseClock()
-    settings = jobs.load_settings({"store": store, "gpu_map": parse_gpu_map(gpu_map) or None})
+    settings = load_settings({"store": store, "gpu_map": parse_gpu_map(gpu_map) or None})
     job = jobs.Restore(os.path.realpath(images_dir), settings, report=_say)
     summary = job.run_criu(_passed(kwargs), clock)
     _print(summary, as_json, f"restored {job.images_dir}: root pid {summary['pid']}")

@@ -1,11 +1,16 @@
-"""`criu-gpushare suspend PID...` and `criu-gpushare resume PID...`: free a group's GPU memory in place."""
+"""`criu-gpushare suspend PID...` and `criu-gpushare resume PID...`: free a group's GPU memory in place.
+
+A resume through the group's holder imports no more than this module's own imports
+(engine/resuming.py says why); suspend imports the jobs when it runs.
+"""
 import json
 import math
 
 import click
 
-from ..engine import holder, jobs
+from ..engine import holder, resuming
 from ..engine.results import format_summary
+from ..engine.settings import load_settings
 from ..errors import Interrupted
 from ..gpu import devices
 from .phases import PhaseClock, format_phases
@@ -57,8 +62,9 @@ def suspend(pids, tree, store, timeout_s, as_json):
     Their GPU memory goes to the chunk store; `criu-gpushare resume` brings it back at the same
     addresses. On failure the workload runs on as before and the failed step is named.
     """
+    from ..engine import jobs
     clock = PhaseClock()
-    settings = jobs.load_settings({"store": store, "timeout_s": timeout_s})
+    settings = load_settings({"store": store, "timeout_s": timeout_s})
     final = jobs.suspend(pids, settings, tree, report=lambda m: click.echo(m, err=True), mark=clock.mark)
     key = min((final.get("result") or {}).get("pids") or pids)
     _finish(final, as_json, clock, too_late="the interrupt came once the suspend was done: the group "
@@ -77,6 +83,6 @@ def resume(pids, gpu_map, as_json):
     journal and the chunk store by this command.
     """
     clock = PhaseClock()
-    settings = jobs.load_settings({"gpu_map": parse_gpu_map(gpu_map) or None})
-    _finish(jobs.resume(pids, settings, report=lambda m: click.echo(m, err=True), mark=clock.mark),
+    settings = load_settings({"gpu_map": parse_gpu_map(gpu_map) or None})
+    _finish(resuming.resume(pids, settings, report=lambda m: click.echo(m, err=True), mark=clock.mark),
             as_json, clock)

@@ -1,62 +1,28 @@
-"""The jobs: suspend, resume, dump and restore, each built once here from one Settings, whichever
-door calls it: the commands (cli/suspend.py, cli/checkpoint.py) or the CRIU action script
-(hook/main.py). A door parses what it is given, loads the settings, calls a job and prints what it
-returns; an error goes up to the door's one catch, which exits with its code (errors.py).
+"""The jobs: suspend, dump and restore, each built once here from one Settings, whichever door
+calls it: the commands (cli/suspend.py, cli/checkpoint.py) or the CRIU action script
+(hook/main.py); resume is engine/resuming.py's, which needs none of this at start. A door parses
+what it is given, loads the settings, calls a job and prints what it returns; an error goes up to
+the door's one catch, which exits with its code (errors.py).
 
-Settings (load_settings): each comes from the first of these that gives it, through every door:
-  1. a flag of the command: --store, --timeout (suspend), --gpu-map (resume, restore). The hook has
-     none: CRIU runs it without arguments, and CRIU's environment gives what the command line
-     would (CRTOOLS_INIT_PID the PID, CRTOOLS_IMAGE_DIR the DIR)
-  2. the environment: CRIU_GPUSHARE_STORE, CRIU_GPUSHARE_CACHE, CRIU_GPUSHARE_CACHE_LIMIT,
-     CRIU_GPUSHARE_GC_GRACE, CRIU_GPUSHARE_VERIFY (config.py), CRIU_GPUSHARE_GPU_MAP
-     ("OLD=NEW,...")
-  3. the config file (config.py)
-  4. for a restore's store, the one its dump recorded in the image; else the default
-A run's options (engine/steps.py Options) are made from the settings here only, and kept whole in
-its journal and, for a dump, in the image's record.
+The settings come from engine/settings.py, one order for every door; a restore's store, where no
+setting names one, is the one its dump recorded in the image. A run's options (engine/steps.py
+Options) are made from the settings here only, and kept whole in its journal and, for a dump, in
+the image's record.
 """
 import concurrent.futures
 import contextlib
-import dataclasses
 import os
 import shutil
 import threading
 import time
 
-from ..config import ENV_GPU_MAP, load_settings as load_store_settings
 from ..criu import images, libdir, rpc
 from ..errors import Cancelled, Error, Interrupted, ProcessError
-from ..gpu.devices import parse_gpu_map
 from ..shimctl.processes import process_tree, uses_cuda
 from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
                suspension)
+from .settings import load_settings
 from .steps import Options
-
-
-def load_settings(flags=None, environ=None):
-    """Every setting of a job (config.Settings), resolved in the order above. `flags` maps setting
-    names (store, cache, cache_limit, gc_grace_s, verify, timeout_s, gpu_map) to command-line
-    values, already parsed; None is unset."""
-    flags = {k: v for k, v in (flags or {}).items() if v is not None}
-    environ = os.environ if environ is None else environ
-    own = ("timeout_s", "gpu_map")
-    settings = load_store_settings({k: v for k, v in flags.items() if k not in own}, environ)
-    origin, more = dict(settings.origin), {}
-    for name in own:
-        if name in flags:
-            more[name], origin[name] = flags[name], "flag"
-        elif name == "gpu_map" and environ.get(ENV_GPU_MAP):
-            more[name], origin[name] = _gpu_map_env(environ[ENV_GPU_MAP]), f"env {ENV_GPU_MAP}"
-        else:
-            origin[name] = "default"
-    return dataclasses.replace(settings, origin=origin, **more)
-
-
-def _gpu_map_env(value):
-    try:
-        return parse_gpu_map(list(filter(None, value.split(","))))
-    except ValueError as e:
-        raise ProcessError(ENV_GPU_MAP, str(e)) from None
 
 
 def _options(settings, ref, **more):
@@ -70,7 +36,7 @@ def _ref(kind, pid):
     return f"{kind}-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
 
 
-# -- suspend, resume ---------------------------------------------------------------------------
+# -- suspend -----------------------------------------------------------------------------------
 
 
 def _no_mark(phase):
@@ -93,25 +59,6 @@ def suspend(pids, settings, tree=False, report=print, mark=_no_mark):
     journal = jn.Journal.create("suspend", pids, jn.SUSPENDING, options=options)
     mark("check (pids, settings, journal)")
     return holder.start(suspension.SuspendWork(journal, options), on_progress=report, cancellable=True)
-
-
-def resume(pids, settings, report=print, mark=_no_mark):
-    """Resume the suspended group of pids (any of its pids will do); -> the final object. The GPU
-    map and verify are this command's settings; the store and cache those of the suspend."""
-    journals = {}
-    for pid in pids:
-        j = jn.owner_of(pid)
-        if j is None:
-            raise ProcessError(pid, "is not suspended by criu-gpushare")
-        journals[j.key] = j
-    if len(journals) > 1:
-        raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
-    (journal,) = journals.values()
-    mark("check (pids, journal)")
-    # a dump's journal: the ref of a dump CRIU did not finish is dropped (engine/dump.py)
-    on_recovered = dump.forget_if_failed if journal.kind == "dump" else None
-    return suspension.resume(journal, settings.gpu_map, report=report, verify=settings.verify,
-                             on_recovered=on_recovered)
 
 
 # -- dump ----------------------------------------------------------------------------------------

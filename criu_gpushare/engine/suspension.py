@@ -1,13 +1,14 @@
-"""Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and `resume`, which
-asks the holder when it lives and otherwise finishes the work from the journal in this process.
+"""Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and the resume it does
+on request; recover finishes the work from the journal where no holder lives (engine/resuming.py
+decides which).
 Each summary carries the phases timed where the work ran ("phases": discover and the steps; the
 store check, the steps and the release of the store's holds), for the command's own account."""
 import dataclasses
 import time
 
 from .. import waits
-from ..errors import GroupHeld, Interrupted, ProcessError
-from . import ahead, cancel, holder, journal as jn, results
+from ..errors import GroupHeld, ProcessError
+from . import ahead, holder, journal as jn, results
 from .runner import Runner, SuspendHeld
 from .steps import IN_PLACE, Group, Options
 
@@ -110,30 +111,6 @@ def resume_group(group, journal, verb="resume", checked=False, loading_ahead=Non
     group.times = {"check (store)": checked, **group.times, "release holds": time.monotonic() - t}
     journal.close()
     return results.summary(group, "resumed")
-
-
-def resume(journal, gpu_map=None, report=print, verify=None, on_recovered=None):
-    """Resume the journal's group: through its holder if one runs, else here from the journal
-    (a holder killed at any phase loses nothing: the plan and the steps begun are in the journal,
-    the memory in the store). Returns the holder's final object; raises the error a failed
-    resume here leaves. on_recovered(journal): run once a group is resumed here from its journal
-    (what its kind of work still owes: engine/dump.py's forget_if_failed)."""
-    if journal.worker_alive():
-        try:
-            final = holder.ask(journal.key, "resume", on_progress=report, gpu_map=gpu_map or {},
-                               verify=verify)
-        except ProcessError:
-            worker = journal.data["worker"]["pid"]
-            raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
-                               f"({journal.kind}, {journal.state}); wait for it") from None
-        except KeyboardInterrupt:  # the holder ignores it and goes on
-            raise Interrupted(f"interrupted: the resume goes on in the holder of group {journal.key} "
-                              f"(its log: {holder.log_path(journal.key)}); `criu-gpushare status "
-                              f"{journal.key}` shows when it is done") from None
-        return final
-    with cancel.on_interrupt(lambda: report(cancel.GOES_ON.format("resume"))):
-        return {"event": "done", "ok": True,
-                "result": recover(journal, gpu_map, report, verify, on_recovered)}
 
 
 def recover(journal, gpu_map=None, report=print, verify=None, on_recovered=None):

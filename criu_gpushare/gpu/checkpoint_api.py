@@ -25,6 +25,7 @@ from . import driver as drv
 from .. import waits
 from ..config import state_dir_path
 from ..errors import BusyError, DriverError, DriverNoAnswer, Error, ProcessNoAnswer
+from .devices import parse_uuid
 
 QUERY_S = 30.0  # the default bound of a state or restore-thread query
 
@@ -123,17 +124,6 @@ def _restore(pid, gpu_pairs):
 def _unlock(pid):
     cu = drv.driver()
     drv.check(cu.cuCheckpointProcessUnlock(pid, None), f"unlock pid {pid}")
-
-
-def parse_uuid(text):
-    """'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx' (as nvidia-smi prints it) -> 16 bytes."""
-    try:
-        raw = bytes.fromhex(text.removeprefix("GPU-").replace("-", ""))
-    except ValueError:
-        raw = b""
-    if not text.startswith("GPU-") or len(raw) != 16:
-        raise DriverError(f"not a GPU UUID: {text!r} (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
-    return raw
 
 
 def _cuuuid(text):

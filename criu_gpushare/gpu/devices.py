@@ -9,10 +9,20 @@ workload gets a devices map in its own ordinals (shim/protocol.md, "Devices maps
 from ..errors import DriverError
 
 
+def parse_uuid(text):
+    """'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx' (as nvidia-smi prints it) -> 16 bytes."""
+    try:
+        raw = bytes.fromhex(text.removeprefix("GPU-").replace("-", ""))
+    except ValueError:
+        raw = b""
+    if not text.startswith("GPU-") or len(raw) != 16:
+        raise DriverError(f"not a GPU UUID: {text!r} (expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)")
+    return raw
+
+
 def parse_gpu_map(items):
     """["OLD=NEW", ...] (each a GPU UUID) -> {OLD: NEW}; ValueError saying what is malformed:
     not OLD=NEW, not a UUID, a GPU mapped twice, two GPUs mapped onto one."""
-    from .checkpoint_api import parse_uuid
     mapping = {}
     for item in items:
         old, sep, new = (part.strip() for part in item.partition("="))

@@ -74,12 +74,13 @@ def _refuse_v1_freezer(pids):
 
 def pre_dump(action):
     from ..engine import dump as dump_engine, jobs
+    from ..engine.settings import load_settings
     root = _init_pid()
     pids = dump_engine.cuda_pids(root)
     if not pids:
         return 0  # nothing of ours in this tree
     _refuse_v1_freezer(pids)
-    job = jobs.Dump(root, _images_dir(), jobs.load_settings(), report=lambda m: None)
+    job = jobs.Dump(root, _images_dir(), load_settings(), report=lambda m: None)
     result = holder.outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
                             "CRIU aborts the dump; the tasks keep running")
     phases = result.get("phases")
@@ -108,7 +109,8 @@ def _restore_state():
 
 def pre_restore(action):
     from ..engine import jobs
-    job = jobs.Restore(_images_dir(), jobs.load_settings())
+    from ..engine.settings import load_settings
+    job = jobs.Restore(_images_dir(), load_settings())
     if not job.has_gpu_state():
         return 0  # nothing of ours in this image: no holder
     holder.outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),

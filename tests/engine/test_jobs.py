@@ -1,5 +1,5 @@
-"""engine/jobs.py: one order for every setting, whichever door loads it (flag, environment, config
-file, default; a restore's store from the dump's record last); run options kept whole and read back
+"""engine/jobs.py and engine/settings.py: one order for every setting, whichever door loads it (flag,
+environment, config file, default; a restore's store from the dump's record last); run options kept whole and read back
 from older journals; the engine never exits the process itself."""
 import os
 import re
@@ -7,6 +7,7 @@ import re
 import pytest
 
 from criu_gpushare.engine import jobs
+from criu_gpushare.engine.settings import load_settings
 from criu_gpushare.engine.steps import Options
 from criu_gpushare.errors import ProcessError
 
@@ -24,19 +25,19 @@ def config(tmp_path):
 
 def test_a_flag_comes_before_the_environment_before_the_file_before_the_default(config):
     env = dict(config, CRIU_GPUSHARE_STORE="/from/env", CRIU_GPUSHARE_GPU_MAP=f"{GPU_A}={GPU_B}")
-    s = jobs.load_settings({"store": "/from/flag", "gpu_map": {GPU_A: GPU_C}, "timeout_s": 5.0}, env)
+    s = load_settings({"store": "/from/flag", "gpu_map": {GPU_A: GPU_C}, "timeout_s": 5.0}, env)
     assert (s.store, s.gpu_map, s.timeout_s) == ("/from/flag", {GPU_A: GPU_C}, 5.0)
     assert s.origin["store"] == s.origin["gpu_map"] == s.origin["timeout_s"] == "flag"
 
-    s = jobs.load_settings({"store": None, "gpu_map": None}, env)  # flags not given
+    s = load_settings({"store": None, "gpu_map": None}, env)  # flags not given
     assert (s.store, s.gpu_map) == ("/from/env", {GPU_A: GPU_B})
     assert s.origin["store"] == "env CRIU_GPUSHARE_STORE" and s.origin["gpu_map"] == "env CRIU_GPUSHARE_GPU_MAP"
 
-    s = jobs.load_settings({}, config)
+    s = load_settings({}, config)
     assert (s.store, s.verify, s.cache) == ("/from/file", False, "/cache/file")
     assert s.origin["store"].endswith("[store] path")
 
-    s = jobs.load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull})
+    s = load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull})
     assert (s.store, s.verify, s.cache, s.timeout_s, s.gpu_map) == \
         ("/var/lib/criu-gpushare/store", True, None, 60.0, {})
     assert set(s.origin.values()) == {"default"}
@@ -44,7 +45,7 @@ def test_a_flag_comes_before_the_environment_before_the_file_before_the_default(
 
 def test_a_bad_gpu_map_in_the_environment_is_named():
     with pytest.raises(ProcessError, match="CRIU_GPUSHARE_GPU_MAP"):
-        jobs.load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull, "CRIU_GPUSHARE_GPU_MAP": "nonsense"})
+        load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull, "CRIU_GPUSHARE_GPU_MAP": "nonsense"})
 
 
 @pytest.mark.parametrize("given, expected", [
@@ -55,7 +56,7 @@ def test_a_bad_gpu_map_in_the_environment_is_named():
 ])
 def test_a_restore_reads_the_dumps_store_only_when_no_setting_names_one(given, expected, config):
     env = dict(config if given.get("file") else {"CRIU_GPUSHARE_CONFIG": os.devnull}, **given.get("env", {}))
-    job = jobs.Restore("/images", jobs.load_settings(given.get("flags"), env))
+    job = jobs.Restore("/images", load_settings(given.get("flags"), env))
     assert job.store == expected
     job.record = {"store": "/recorded", "ref": "dump-1-x"}
     assert job.options().store == (expected or "/recorded")
@@ -96,7 +97,7 @@ def test_a_restore_that_fails_before_its_gpu_steps_stops_what_it_loads_ahead(mon
         def close(self):
             self.closed += 1
 
-    job = jobs.Restore("/images", jobs.load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull}))
+    job = jobs.Restore("/images", load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull}))
     job.record = {"store": "/recorded", "ref": "dump-1-x", "group": {"units": []}}
     started = LoadingAhead()
 

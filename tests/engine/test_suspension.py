@@ -1,12 +1,13 @@
-"""criu_gpushare/engine/suspension.py on its own: what `resume` does with a journal when the holder
-is gone or busy, and what the holder's suspend refuses, without a workload. The cycles themselves
-are test_cycles.py; a holder killed at every phase, test_recovery.py."""
+"""criu_gpushare/engine/suspension.py on its own: what the recovery of a journal does when the holder
+is gone, and what the holder's suspend refuses, without a workload (a resume asked while another
+process works on the group: test_resuming.py). The cycles themselves are test_cycles.py; a holder
+killed at every phase, test_recovery.py."""
 import os
 import subprocess
 
 import pytest
 
-from criu_gpushare.engine import journal as jn, statedir, suspension
+from criu_gpushare.engine import journal as jn, suspension
 from criu_gpushare.engine.steps import Options
 from criu_gpushare.errors import ProcessError
 
@@ -36,20 +37,6 @@ def test_a_group_that_exited_while_suspended_loses_its_journal(run_dir, sleeper)
                                            "store keeps its checkpoint until `store rm`."):
         suspension.recover(journal)
     assert os.listdir(run_dir) == []
-
-
-def test_a_live_worker_without_a_holder_is_waited_for_not_overtaken(run_dir, sleeper):
-    member = subprocess.Popen(["sleep", "60"])
-    try:
-        journal = jn.Journal.create("suspend", [member.pid], jn.SUSPENDED, store="s", ref="r")
-        journal.set(worker={"pid": sleeper.pid, "started": statedir.start_time(sleeper.pid)})
-        with pytest.raises(ProcessError, match=f"criu-gpushare process {sleeper.pid} is working on "
-                                               r"its group now \(suspend, suspended\); wait for it"):
-            suspension.resume(journal)
-        assert jn.owner_of(member.pid).state == jn.SUSPENDED  # untouched
-    finally:
-        member.kill()
-        member.wait()
 
 
 def test_a_process_without_cuda_state_has_nothing_to_suspend(run_dir, sleeper):

@@ -1,0 +1,60 @@
+"""`resume` of a suspended group, from any of its pids: the group's holder does it when one lives;
+else this process finishes the work from the group's journal (engine/suspension.py's recover).
+
+Apart from the engine on purpose. A resume through its holder needs the journal, the holder's
+socket and the settings, nothing more: the engine, the store and the GPU bindings are most of a
+command's start (bench/startup_bench.py, case resume), and the resumed group waits for it. They are
+imported only where no holder lives, as the hook's post-resume does (hook/main.py).
+"""
+from ..errors import Interrupted, ProcessError
+from . import cancel, holder, journal as jn
+
+
+def _no_mark(phase):
+    pass
+
+
+def group_of(pids):
+    """The journal of the one suspended group that holds pids (any of its pids will do)."""
+    journals = {}
+    for pid in pids:
+        j = jn.owner_of(pid)
+        if j is None:
+            raise ProcessError(pid, "is not suspended by criu-gpushare")
+        journals[j.key] = j
+    if len(journals) > 1:
+        raise ProcessError(pids[0], "the pids belong to different suspended groups: resume each group")
+    (journal,) = journals.values()
+    return journal
+
+
+def resume(pids, settings, report=print, mark=_no_mark):
+    """Resume the suspended group of pids; -> the final object (engine/holder.py). The GPU map and
+    verify are this command's settings; the store and cache those of the suspend. A holder killed
+    at any phase loses nothing: the plan and the steps begun are in the journal, the memory in the
+    store. mark(phase): called as each phase of this process ends (the command's phase clock)."""
+    journal = group_of(pids)
+    mark("check (pids, journal)")
+    if journal.worker_alive():
+        return _ask_holder(journal, settings, report)
+    from . import dump, suspension  # no holder: the work is this process's
+    # a dump's journal: the ref of a dump CRIU did not finish is dropped (engine/dump.py)
+    on_recovered = dump.forget_if_failed if journal.kind == "dump" else None
+    with cancel.on_interrupt(lambda: report(cancel.GOES_ON.format("resume"))):
+        return {"event": "done", "ok": True,
+                "result": suspension.recover(journal, settings.gpu_map, report, settings.verify,
+                                             on_recovered)}
+
+
+def _ask_holder(journal, settings, report):
+    try:
+        return holder.ask(journal.key, "resume", on_progress=report, gpu_map=settings.gpu_map or {},
+                          verify=settings.verify)
+    except ProcessError:
+        worker = journal.data["worker"]["pid"]
+        raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
+                           f"({journal.kind}, {journal.state}); wait for it") from None
+    except KeyboardInterrupt:  # the holder ignores it and goes on
+        raise Interrupted(f"interrupted: the resume goes on in the holder of group {journal.key} "
+                          f"(its log: {holder.log_path(journal.key)}); `criu-gpushare status "
+                          f"{journal.key}` shows when it is done") from None

@@ -1,0 +1,103 @@
+"""criu_gpushare/engine/resuming.py: `resume` goes to the group's holder when one lives, importing
+nothing of the engine (the resumed group waits for the command's start), and is refused, the
+group untouched, while another process works on it. Recovery where no holder lives:
+test_suspension.py and test_recovery.py."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from criu_gpushare.engine import holder, journal as jn, resuming, statedir
+from criu_gpushare.engine.settings import load_settings
+from criu_gpushare.errors import ProcessError
+
+pytestmark = pytest.mark.usefixtures("run_dir")  # tests/engine/conftest.py
+
+NO_CONFIG = {"CRIU_GPUSHARE_CONFIG": os.devnull}
+
+
+@pytest.fixture
+def sleeper():
+    """A process without CUDA, as a group member (or a worker) the journal can name."""
+    p = subprocess.Popen(["sleep", "60"])
+    yield p
+    p.kill()
+    p.wait()
+
+
+class ResumingHolder(holder.Work):
+    """A suspend's holder as `resume` finds it: the journal names it as the group's worker, and it
+    answers "resume" with a summary (the fields it was asked with among them)."""
+
+    def __init__(self, journal):
+        self.journal, self.key, self.pids = journal, journal.key, journal.pids
+
+    def begin(self, report):
+        self.journal.adopt()
+        return {}, True
+
+    def handle(self, cmd, fields, report):
+        report("loading")
+        self.journal.close()
+        return {"state": "resumed", "pids": self.pids, "asked": fields,
+                "seconds": {"restore": 0.25, "load": 1.0}, "phases": {"restore": 0.25, "load": 1.0},
+                "bytes": {"copied": 1 << 30, "written": 0, "deduplicated": 0, "zero": 0}}, False
+
+
+def test_a_live_worker_without_a_holder_is_waited_for_not_overtaken(sleeper):
+    member = subprocess.Popen(["sleep", "60"])
+    try:
+        journal = jn.Journal.create("suspend", [member.pid], jn.SUSPENDED, store="s", ref="r")
+        journal.set(worker={"pid": sleeper.pid, "started": statedir.start_time(sleeper.pid)})
+        with pytest.raises(ProcessError, match=f"criu-gpushare process {sleeper.pid} is working on "
+                                               r"its group now \(suspend, suspended\); wait for it"):
+            resuming.resume([member.pid], load_settings({}, NO_CONFIG))
+        assert jn.owner_of(member.pid).state == jn.SUSPENDED  # untouched
+    finally:
+        member.kill()
+        member.wait()
+
+
+def test_the_holder_resumes_with_this_commands_gpu_map_and_verify(sleeper):
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDED, store="s", ref="r")
+    assert holder.start(ResumingHolder(journal), on_progress=lambda m: None)["ok"]
+    gpu_map = {"GPU-00000000-0000-0000-0000-00000000000a": "GPU-00000000-0000-0000-0000-00000000000b"}
+    seen, marks = [], []
+    final = resuming.resume([sleeper.pid], load_settings({"gpu_map": gpu_map, "verify": False}, NO_CONFIG),
+                            report=seen.append, mark=marks.append)
+    assert final["ok"] and final["result"]["asked"] == {"gpu_map": gpu_map, "verify": False}
+    assert seen == ["loading"] and marks == ["check (pids, journal)"]
+    assert jn.owner_of(sleeper.pid) is None
+
+
+def test_a_resume_its_holder_does_imports_nothing_of_the_engine(sleeper, run_dir):
+    """The command, start to end, as a user runs it: its summary and phases printed, and of the
+    package only the command line, the journal, the holder's protocol and the settings imported
+    (not the engine's steps, the store, CRIU's or the driver's bindings: most of a start)."""
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDED, store="s", ref="r")
+    assert holder.start(ResumingHolder(journal), on_progress=lambda m: None)["ok"]
+    probe = f"""
+import sys
+from criu_gpushare.cli import main
+try:
+    main(["resume", "{sleeper.pid}"])
+except SystemExit as e:
+    assert not e.code, e.code
+print(sorted(m for m in sys.modules if m.startswith(("criu_gpushare", "cuda", "psutil", "xxhash"))))
+"""
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, CRIU_GPUSHARE_RUN_DIR=str(run_dir), **NO_CONFIG))
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0].startswith("resumed 1 process(es): restore 0.25s, load 1.00s; 1.00 GiB loaded"), out
+    assert out[1].startswith("phases: tool start ") and "load 1.00s" in out[1], out
+    imported = set(eval(out[-1]))  # noqa: S307 - the probe's own repr of a list of names
+    assert imported == {
+        "criu_gpushare", "criu_gpushare.errors", "criu_gpushare.config", "criu_gpushare.procfs",
+        "criu_gpushare.cli", "criu_gpushare.cli.suspend", "criu_gpushare.cli.phases",
+        "criu_gpushare.engine", "criu_gpushare.engine.cancel", "criu_gpushare.engine.holder",
+        "criu_gpushare.engine.journal", "criu_gpushare.engine.resuming", "criu_gpushare.engine.results",
+        "criu_gpushare.engine.settings", "criu_gpushare.engine.statedir", "criu_gpushare.gpu",
+        "criu_gpushare.gpu.devices"}, sorted(imported)
+    assert jn.owner_of(sleeper.pid) is None
