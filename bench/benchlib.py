@@ -164,6 +164,36 @@ def image_lines(rows):
     return "\n".join(lines)
 
 
+def criu_lines(rows):
+    """CRIU's own account of each row's dump and restore (its stats-dump and stats-restore, as the
+    tool's --json carries them as criu_stats, or read from the image), in seconds and pages: what
+    a phase such as `criu restore (processes, host memory)` spent on what."""
+    lines = []
+    for r in rows:
+        stats = r.extra.get("criu_stats") or {}
+        parts = []
+        for action in ("dump", "restore"):
+            got = stats.get(action)
+            if got:
+                parts.append(" ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                      for k, v in got.items()))
+        if parts:
+            lines.append(f"  {r.workload}/{r.path}/{r.store}: " + " | ".join(parts))
+    if lines:
+        lines.insert(0, "CRIU's own account (stats-dump | stats-restore; times in s, pages of 4 KiB):")
+    return "\n".join(lines)
+
+
+def _criu_stats(row, action, stats):
+    if stats:
+        row.extra.setdefault("criu_stats", {})[action] = stats
+
+
+def _image_stats(row, images, action):
+    from criu_gpushare.criu.images import stats
+    _criu_stats(row, action, stats(images, action))
+
+
 def drop_page_cache():
     """Write back and drop the page cache (a restore from a cold cache): None, or why not."""
     os.sync()
@@ -282,6 +312,7 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout, between=None):
         return False
     if out_args[0] == "dump":
         row.extra["image_bytes"] = (out.summary or {}).get("image_bytes")
+        _criu_stats(row, "dump", (out.summary or {}).get("criu_stats"))
         wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     why = between() if between else None
     if why:
@@ -293,6 +324,8 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout, between=None):
     if not back.ok:
         row.status, row.back_s = f"fails: {back_args[0]} {back.why()}", None
         return False
+    if back_args[0] == "restore":
+        _criu_stats(row, "restore", (back.summary or {}).get("criu_stats"))
     row.check = wl.verify()
     return True
 
@@ -553,9 +586,11 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
             return False
         row.out_s = round(sum(row.out_phases.values()), 3)
         row.extra["image_bytes"] = image_bytes(images)
+        _image_stats(row, images, "dump")
         wl.reap()  # CRIU ended the process: its pid must be free for the restore
         if not criu_call("restore", row.back_phases, lambda: criu.restore(images, options)):
             return False
+        _image_stats(row, images, "restore")
     finally:
         if plugins:
             shutil.rmtree(plugins, ignore_errors=True)
@@ -649,6 +684,7 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
             return False
         setattr(row, f"{way}_s", wall)
         setattr(row, f"{way}_phases", hook_phases(text, wall, began))
+        _image_stats(row, images, argv[0])
         if way == "out":
             from criu_gpushare.criu.images import image_bytes
             row.extra["image_bytes"] = image_bytes(images)

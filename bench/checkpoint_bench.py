@@ -427,13 +427,19 @@ def _self_test(args, env):
                     extra={"precheck": {"s": 0.5, "threads": 16, "ok": True, "bytes": 4_000_000_000},
                            "image_bytes": 100 << 20}))
     rows.append(Row("single", "drv+criu", "tmpfs", rows[0].bytes, out_s=6.0, back_s=4.0, check="ok",
-                    extra={"image_bytes": 4000 << 20}))
+                    extra={"image_bytes": 4000 << 20,
+                           "criu_stats": {"dump": {"frozen": 5.5, "memdump": 5.25, "pages_written": 1024000},
+                                          "restore": {"forking": 0.01, "restore": 3.9}}}))
     images = bl.image_lines(rows)
     print(images)
     assert "single/criu/tmpfs: 100.0 MiB = 1/40 of drv+criu's" in images, images
     pre = bl.precheck_lines(rows)
     print(pre)
     assert "single/criu/tmpfs: 0.50 s for 4.00 GB (16 threads, 8.00 GB/s) = +25% on back 2.00 s" in pre, pre
+    crius = bl.criu_lines(rows)
+    print(crius)
+    assert ("single/drv+criu/tmpfs: frozen 5.50 memdump 5.25 pages_written 1024000 | forking 0.01 "
+            "restore 3.90") in crius, crius
     missing = bl.run_tool(["no-such-command-for-selftest"], env, 120)
     assert not missing.ok and missing.rc != 0, missing
     print(bl.format_table(rows, "self-test (made-up figures)"))
@@ -484,6 +490,7 @@ def main(argv=None):
     print(bl.device_shares(bench.rows, rates))
     print(bl.precheck_lines(bench.rows))
     print(bl.image_lines(bench.rows))
+    print(bl.criu_lines(bench.rows))
     meta = {"scale": args.scale, "workloads": {n: specs[n][2] for n in names}, "store_rates": rates,
             "targets": dict(bench.targets), "total_s": round(total, 1), "versions": bl.versions(),
             "argv": sys.argv[1:]}

@@ -318,6 +318,14 @@ class _PlainWorkload:
             pass
 
 
+def _assert_criu_accounted(row):
+    """CRIU's own account of both ways, from the image, as the table's last lines print it."""
+    stats = row.extra["criu_stats"]
+    assert stats["dump"]["pages_written"] > 0 and stats["dump"]["frozen"] > 0, stats
+    assert stats["restore"]["pages_restored"] == stats["dump"]["pages_written"], stats
+    assert f"plain/{row.path}/tmpfs: " in bl.criu_lines([row])
+
+
 def test_hook_cycle_dumps_and_restores_through_criu_and_the_hook(criu, tmp_path):
     """The bench's criu-hook path, on this machine's CRIU with a process the hook leaves alone: the
     commands it runs work, each way is timed and split into the hook's actions and CRIU's rest."""
@@ -343,6 +351,7 @@ def test_hook_cycle_dumps_and_restores_through_criu_and_the_hook(criu, tmp_path)
             # within the boot clock's tick (10 ms) at each action's start
             wall = row.out_s if phases is row.out_phases else row.back_s
             assert abs(sum(phases.values()) - wall) < 0.01 * (len(actions) + 1), (phases, wall)
+        _assert_criu_accounted(row)
     finally:
         wl.kill()
         bl.reap_children()
@@ -363,6 +372,7 @@ def test_the_driver_path_through_plain_criu_runs_on_this_machines_criu(criu, tmp
             "driver lock", "driver checkpoint", "driver restore", "driver unlock"]
         assert row.check == "ok" and row.extra["image_bytes"] > 0
         assert "criu dump" in row.out_phases and "criu restore" in row.back_phases
+        _assert_criu_accounted(row)
     finally:
         wl.kill()
         bl.reap_children()
