@@ -815,6 +815,34 @@ def unmount(path):
         os.rmdir(path)
 
 
+THP_ENABLED = "/sys/kernel/mm/transparent_hugepage/enabled"
+
+
+def thp_mode(path=THP_ENABLED):
+    """The kernel's transparent huge page mode for anonymous memory ("always", "madvise", "never":
+    the bracketed word of `path`), or None where it cannot be read."""
+    try:
+        with open(path) as f:
+            words = f.read().split()
+    except OSError:
+        return None
+    return next((w[1:-1] for w in words if w.startswith("[") and w.endswith("]")), None)
+
+
+def set_thp_mode(mode, path=THP_ENABLED):
+    """Set the mode for the processes a run starts (each memory area takes the mode in force when
+    it is faulted in); -> the mode before, for the run's end to put back. SystemExit saying why
+    where it cannot be set (root is needed)."""
+    before = thp_mode(path)
+    try:
+        with open(path, "w") as f:
+            f.write(mode)
+    except OSError as e:
+        raise SystemExit(f"cannot set transparent huge pages to {mode!r} ({path}: {e.strerror}; root "
+                         "is needed)") from None
+    return before
+
+
 def sigterm_as_interrupt():
     """`timeout` sends SIGTERM: as KeyboardInterrupt, the bench still kills its workloads and prints."""
     import signal as _signal

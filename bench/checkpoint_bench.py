@@ -89,6 +89,10 @@ def parse_args(argv=None):
     ap.add_argument("--huge-tmpfs", action="store_true",
                     help="also a store on a tmpfs this run mounts with huge=always (root): "
                          "its rows' store is tmpfs-huge")
+    ap.add_argument("--thp", choices=("always", "madvise", "never"),
+                    help="transparent huge pages for the run's processes, workloads and CRIU's restored "
+                         "trees included (root; put back at the end). The mode in force is recorded "
+                         "either way")
     ap.add_argument("--s3", action="store_true", help="also an s3:// store on a loopback SeaweedFS server")
     ap.add_argument("--disk-rate-gib", type=float, default=8.0, help="bytes for the disk's own rate (scaled, min 1)")
     ap.add_argument("--no-pretouch", action="store_true",
@@ -130,6 +134,9 @@ class Bench:
         self.rows, self.driver, self.live = [], None, []
         bl.become_subreaper()  # restored trees are reaped here, their pids free for the next restore
         self.has = {}
+        # last: nothing after it can fail and leave the machine's mode changed
+        self.thp_before = bl.set_thp_mode(args.thp) if args.thp else None
+        self.thp = bl.thp_mode()  # in force for the whole run
 
     def log(self, msg):
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -327,6 +334,8 @@ class Bench:
         if self.s3 is not None:
             self.s3.close()
         shutil.rmtree(self.work, ignore_errors=True)
+        if self.thp_before:
+            bl.set_thp_mode(self.thp_before)
         for target, tdir in self.targets[1:]:
             if tdir == self.huge:
                 bl.unmount(tdir)
@@ -469,7 +478,8 @@ def main(argv=None):
     rates = {}
     try:
         bench.log(f"scale {args.scale}; workloads {', '.join(names)}; stores "
-                  + ", ".join(f"{t}={d}" for t, d in bench.targets) + f"; tool {' '.join(bl.tool_argv())}")
+                  + ", ".join(f"{t}={d}" for t, d in bench.targets) + f"; tool {' '.join(bl.tool_argv())}"
+                  + f"; transparent huge pages {bench.thp}")
         rates = measure_rates(bench.targets, max(1.0, args.disk_rate_gib * args.scale))
         print(rates_text(rates), flush=True)
         if not args.no_pretouch:
@@ -493,7 +503,7 @@ def main(argv=None):
     print(bl.criu_lines(bench.rows))
     meta = {"scale": args.scale, "workloads": {n: specs[n][2] for n in names}, "store_rates": rates,
             "targets": dict(bench.targets), "total_s": round(total, 1), "versions": bl.versions(),
-            "argv": sys.argv[1:]}
+            "thp": bench.thp, "argv": sys.argv[1:]}
     bl.write_json(args.json_out, meta, bench.rows)
     bad = [r for r in bench.rows if r.check.startswith("WRONG") or r.status.startswith("error")]
     expected_fail = [r for r in bench.rows if r.path == "driver" and r.workload == "pair"]

@@ -25,7 +25,8 @@
 #      bench/startup_bench.py when BENCHES names `startup` -> OUT/bench-startup.txt,
 #      bench/write_paths_bench.py --huge-tmpfs when BENCHES names `writes` -> OUT/bench-writes.txt,
 #      bench/save_stages_bench.py (BENCH_STAGES_GIB, default 40) when it names `stages`
-#      -> OUT/bench-stages.txt, and
+#      -> OUT/bench-stages.txt, bench/criu_memory_bench.py (BENCH_CRIU_MEMORY_GIB, default 1) when
+#      it names `criu-memory` -> OUT/bench-criu-memory.txt, and
 #      bench/allocator_bench.py (BENCH_ALLOC_GIB, default 8) -> OUT/bench-allocator.txt, .json;
 #      tests/gpu/test_stress.py runs CRIU_GPUSHARE_STRESS_CYCLES cycles (default 60, ~4.2 s each on
 #      the H200, a progress line every 10 cycles);
@@ -40,7 +41,8 @@
 # GPU_PARTS (default "gpu real example") picks the parts of step 6 to run, so a run fits a time
 # limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
 # the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as
-# GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator startup writes stages").
+# GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator startup writes stages
+# criu-memory").
 # Seen on the H200 (driver 580): install, CRIU and doctor ~40 s; tests/gpu/test_cuda_graphs.py
 # ~140 s; tests/hook/test_gpu_dump.py ~60 s; tests/engine > 140 s; the probes in tests/gpu ~6 min;
 # checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
@@ -316,6 +318,9 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
     fi
     if [[ $BENCHES == *" stages "* ]]; then
         timeout 300 python3 bench/save_stages_bench.py --gib "${BENCH_STAGES_GIB:-40}" 2>&1 | tee "$OUT/bench-stages.txt"
+    fi
+    if [[ $BENCHES == *" criu-memory "* ]]; then
+        timeout 300 python3 bench/criu_memory_bench.py --gib "${BENCH_CRIU_MEMORY_GIB:-1}" 2>&1 | tee "$OUT/bench-criu-memory.txt"
     fi
     # No driver checkpoint call of these overlaps another: each bench runs alone, in sequence.
     if [[ $BENCHES == *" checkpoint "* ]]; then

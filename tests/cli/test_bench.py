@@ -145,6 +145,37 @@ def test_a_tool_call_that_overruns_is_bounded():
     assert res.rc == 124 and not res.ok and res.why().startswith("timed out")
 
 
+def test_criu_memory_bench_dumps_and_restores_a_process_and_checks_its_memory(criu, tmp_path):
+    """bench/criu_memory_bench.py on this machine's CRIU, in the mode already in force (the machine
+    is left as it was): a dump and a restore of its workload, the memory checked after, CRIU's own
+    account of both, the image's size and the mode put back."""
+    mode = bl.thp_mode()
+    if mode is None:
+        pytest.skip("no transparent huge page mode to read on this kernel")
+    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs",
+                        "1", "--modes", mode, "--dir", str(tmp_path), "--criu", criu, "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    got = json.loads(r.stdout)["modes"][mode]
+    assert got["check"] == "ok" and got["dump_s"] > 0 and got["restore_s"] > 0, got
+    assert got["dump.pages_written"] >= 16384 and got["restore.pages_restored"] == got["dump.pages_written"], got
+    assert got["image_bytes"] >= 64 << 20, got
+    assert bl.thp_mode() == mode and list(tmp_path.iterdir()) == []
+
+
+def test_the_transparent_huge_page_mode_is_read_set_and_given_back(tmp_path):
+    """--thp: the mode in force is the bracketed word; setting it returns the one before (what
+    the run's end puts back); a mode that cannot be set stops the run before it starts."""
+    sysfs = tmp_path / "enabled"
+    sysfs.write_text("always [madvise] never\n")
+    assert bl.thp_mode(str(sysfs)) == "madvise"
+    assert bl.set_thp_mode("always", str(sysfs)) == "madvise" and sysfs.read_text() == "always"
+    with pytest.raises(SystemExit, match="cannot set transparent huge pages to 'never'.*root is needed"):
+        bl.set_thp_mode("never", str(tmp_path))  # a directory: not writable as a file
+    assert bl.thp_mode(str(tmp_path / "missing")) is None
+    assert bl.thp_mode() in ("always", "madvise", "never", None)
+
+
 def test_disk_rate_measures_write_and_read(tmp_path):
     r = bl.disk_rate(str(tmp_path), 64 << 20, chunk=16 << 20)
     assert r["bytes"] == 64 << 20 and r["write_gbps"] > 0 and r["read_gbps"] > 0

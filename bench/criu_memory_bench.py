@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""CRIU's own part of a dump and a restore: a process's host memory, per transparent huge page mode.
+
+    python3 bench/criu_memory_bench.py                       # 1 GiB, modes madvise and always, 3 runs
+    python3 bench/criu_memory_bench.py --gib 2 --runs 5 --json
+
+Through CRIU, the tool leaves the GPU memory out of the image, and what is left in CRIU's hands is
+the processes' host memory: about 1 GiB for a torch process (bench/RESULTS.md). CRIU's phases of
+a dump and a restore (`criu dump (freeze, memory, images)`, `criu restore (processes, host
+memory)`) then bound what the tool cannot move. This bench times that part alone, no GPU needed:
+one plain process holding --gib GiB of random bytes in anonymous memory (the anonymous memory of a
+real workload: its heap, the driver's host copies), dumped with `criu dump` into a tmpfs image
+directory and restored with `criu restore -d`, its memory checked afterwards (a hash it took
+before the dump, against one it takes again). Each transparent huge page mode is set for the whole
+cycle (the workload's memory takes the mode in force when it is faulted in, CRIU's restore too)
+and put back at the end; setting it needs root.
+
+Per mode, the medians of --runs cycles: the wall time of each command and CRIU's own account
+(stats-dump: frozen, memdump, memwrite; stats-restore: restore), in seconds.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib as bl  # noqa: E402
+from criu_gpushare.criu.images import stats  # noqa: E402
+
+# The workload: GIB GiB of random bytes in one anonymous mapping (a random 64 MiB, repeated, each
+# 4 KiB page stamped with its index: CRIU copies pages as they are, whatever they hold), their
+# CRC written to READY; on SIGUSR1 it computes the CRC again into CHECK.
+WORKLOAD = r"""
+import mmap, os, signal, struct, sys, time, zlib
+gib, ready, check = float(sys.argv[1]), sys.argv[2], sys.argv[3]
+size = int(gib * 2**30) // 2**26 * 2**26 or 2**26
+mem = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # private, as a heap
+base = os.urandom(2**26)
+for off in range(0, size, 2**26):
+    mem[off:off + 2**26] = base
+for page in range(0, size, 4096):
+    mem[page:page + 8] = struct.pack("<Q", page)
+def crc():
+    return str(zlib.crc32(mem))
+def on_usr1(signum, frame):
+    with open(check + ".tmp", "w") as f:
+        f.write(crc())
+    os.rename(check + ".tmp", check)
+signal.signal(signal.SIGUSR1, on_usr1)
+with open(ready + ".tmp", "w") as f:
+    f.write(crc())
+os.rename(ready + ".tmp", ready)
+while True:
+    time.sleep(3600)
+"""
+
+
+def _wait_for(path, timeout_s, proc=None):
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the workload exited ({proc.returncode}) before it was ready")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} not written within {timeout_s} s")
+        time.sleep(0.05)
+    with open(path) as f:
+        return f.read()
+
+
+def _criu(criu, argv, images, timeout_s):
+    """One CRIU command, bounded; -> its wall seconds. RuntimeError with the log's last error."""
+    log = f"{argv[0]}.log"
+    t0 = time.monotonic()
+    r = subprocess.run([criu, *argv, "-D", images, "-o", log], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, timeout=timeout_s)
+    wall = time.monotonic() - t0
+    if r.returncode != 0:
+        try:
+            with open(os.path.join(images, log), errors="replace") as f:
+                said = [ln for ln in f if "Error" in ln][-1:]
+        except OSError:
+            said = []
+        raise RuntimeError(f"criu {argv[0]} exit {r.returncode}: {''.join(said).strip() or r.stderr.strip()}")
+    return wall
+
+
+def cycle(args, work):
+    """One dump and restore of a fresh workload; -> its figures."""
+    images = tempfile.mkdtemp(prefix="images.", dir=work)
+    ready, check = os.path.join(work, "ready"), os.path.join(work, "check")
+    for p in (ready, check):
+        if os.path.exists(p):
+            os.unlink(p)
+    # its own session, stdio on /dev/null: a process CRIU dumps and restores without --shell-job
+    proc = subprocess.Popen([sys.executable, "-c", WORKLOAD, str(args.gib), ready, check],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    pid = proc.pid
+    try:
+        before = _wait_for(ready, args.timeout, proc)
+        dump_s = _criu(args.criu, ["dump", "-t", str(pid)], images, args.timeout)
+        proc.wait(timeout=10)  # CRIU ended it
+        restore_s = _criu(args.criu, ["restore", "-d"], images, args.timeout)
+        os.kill(pid, signal.SIGUSR1)  # restored under its own pid
+        after = _wait_for(check, args.timeout)
+        out = {"dump_s": dump_s, "restore_s": restore_s, "check": "ok" if after == before else "DIFFERS"}
+        for action in ("dump", "restore"):
+            out.update({f"{action}.{k}": v for k, v in stats(images, action).items()})
+        out["image_bytes"] = sum(e.stat().st_size for e in os.scandir(images) if e.is_file())
+        return out
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        bl.reap_children()
+        shutil.rmtree(images, ignore_errors=True)
+
+
+COLUMNS = [("dump_s", "dump s"), ("dump.frozen", "frozen"), ("dump.memdump", "memdump"),
+           ("dump.memwrite", "memwrite"), ("restore_s", "restore s"), ("restore.restore", "restore")]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gib", type=float, default=1.0, help="GiB of anonymous memory in the workload")
+    ap.add_argument("--runs", type=int, default=3, help="cycles per mode (medians reported)")
+    ap.add_argument("--modes", default="madvise,always",
+                    help="transparent huge page modes to compare, in order (always, madvise, never)")
+    ap.add_argument("--dir", default="/dev/shm", help="where the image directories go (a tmpfs)")
+    ap.add_argument("--criu", default=shutil.which("criu") or "criu", help="the criu binary")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds for each command")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    args = ap.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in ("always", "madvise", "never")]
+    if bad:
+        ap.error(f"--modes: {', '.join(bad)}: each must be always, madvise or never")
+    bl.become_subreaper()  # the restored workload is reaped here
+    work = tempfile.mkdtemp(prefix="criu-memory-bench.", dir=args.dir)
+    before = bl.thp_mode()
+    results = {}
+    try:
+        for mode in modes:
+            bl.set_thp_mode(mode)
+            runs = [cycle(args, work) for _ in range(args.runs)]
+            results[mode] = {k: round(statistics.median(r[k] for r in runs), 3)
+                             for k in runs[0] if isinstance(runs[0][k], (int, float))}
+            results[mode]["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
+            results[mode]["runs"] = args.runs
+    finally:
+        if before:
+            bl.set_thp_mode(before)
+        shutil.rmtree(work, ignore_errors=True)
+    if args.json:
+        print(json.dumps({"gib": args.gib, "modes": results, "thp_before": before}, indent=2))
+        return 0 if all(r["check"] == "ok" for r in results.values()) else 1
+    print(f"CRIU, {args.gib:g} GiB of anonymous memory, images in {args.dir}, median of {args.runs} (s)")
+    print(f"{'THP mode':<9}" + "".join(f"{title:>11}" for _, title in COLUMNS) + f"{'pages':>10}  check")
+    for mode, r in results.items():
+        print(f"{mode:<9}" + "".join(f"{r.get(k, float('nan')):>11.2f}" for k, _ in COLUMNS)
+              + f"{r.get('dump.pages_written', 0):>10.0f}  {r['check']}")
+    return 0 if all(r["check"] == "ok" for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
