@@ -47,7 +47,7 @@ from criu_gpushare.engine import holder, journal as jn  # noqa: E402
 
 class AnswersResume(holder.Work):
     """A suspend's holder as `resume` finds it (the group's worker), with no GPU work: it answers
-    "resume" at once with an empty summary."""
+    "resume" at once with an empty summary, which names what it was asked with ("asked")."""
 
     def __init__(self, journal):
         self.journal, self.key, self.pids = journal, journal.key, journal.pids
@@ -58,7 +58,7 @@ class AnswersResume(holder.Work):
 
     def handle(self, cmd, fields, report):
         self.journal.close()
-        return {"state": "resumed", "pids": self.pids, "seconds": {}, "phases": {},
+        return {"state": "resumed", "pids": self.pids, "seconds": {}, "phases": {}, "asked": fields,
                 "bytes": {"copied": 0, "written": 0, "deduplicated": 0, "zero": 0}}, False
 
 

@@ -3,22 +3,12 @@ is gone, and what the holder's suspend refuses, without a workload (a resume ask
 process works on the group: test_resuming.py). The cycles themselves are test_cycles.py; a holder
 killed at every phase, test_recovery.py."""
 import os
-import subprocess
 
 import pytest
 
 from criu_gpushare.engine import journal as jn, suspension
 from criu_gpushare.engine.steps import Options
 from criu_gpushare.errors import ProcessError
-
-
-@pytest.fixture
-def sleeper():
-    """A process without CUDA, as a group member (or a worker) the journal can name."""
-    p = subprocess.Popen(["sleep", "60"])
-    yield p
-    p.kill()
-    p.wait()
 
 
 def test_a_journal_from_before_the_plan_means_nothing_changed(run_dir, sleeper):
