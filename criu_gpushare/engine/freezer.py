@@ -181,9 +181,9 @@ class Freezer:
             self.thaw(pid)
             raise ProcessError(pid, "exited while its GPU state was checkpointed") from None
         self.thaw(pid)
-        deadline = time.monotonic() + timeout_s
+        deadline = waits.Deadline(timeout_s)
         while not group_stopped(pid):
-            if time.monotonic() > deadline:
+            if deadline.passed():
                 raise ProcessNoAnswer(pid, f"did not stop within {timeout_s:g}s of SIGSTOP")
             time.sleep(0.002)
 

@@ -182,17 +182,17 @@ def _run_all(pids, op, args, timeout_s, what):
                for pid in pids}
     for t in threads.values():
         t.start()
-    deadline = time.monotonic() + timeout_s
+    deadline = waits.Deadline(timeout_s)
     waiting, gave_up = dict(threads), {}
     while waiting:
-        next(iter(waiting.values())).join(min(waits.POLL_S, max(0.0, deadline - time.monotonic())))
+        next(iter(waiting.values())).join(min(waits.POLL_S, deadline.left()))
         for pid, t in list(waiting.items()):
             if not t.is_alive():
                 del waiting[pid]
             elif why := waits.stopped(pid):
                 gave_up[pid] = ProcessNoAnswer(pid, f"is {why}: the driver's {what} cannot reach it; "
                                                f"continue it (kill -CONT {pid}) and try again")
-            elif time.monotonic() >= deadline:
+            elif deadline.passed():
                 gave_up[pid] = DriverNoAnswer(f"{what} of pid {pid} did not return within "
                                               f"{timeout_s:g} s")
             if pid in gave_up:
@@ -335,7 +335,7 @@ class DriverLock:
 
     def __enter__(self):
         self.fd = self._open()
-        deadline = time.monotonic() + self.timeout_s
+        deadline = waits.Deadline(self.timeout_s)
         first_busy, told = None, False
         while True:
             try:
@@ -353,7 +353,7 @@ class DriverLock:
                 told = True
                 self.on_wait(f"waiting for the driver lock held by {self._holder_text()} "
                              f"({self.path}; at most {self.timeout_s:g}s)")
-            if now > deadline:
+            if deadline.passed():
                 who = self._holder_text()
                 os.close(self.fd)
                 self.fd = None
