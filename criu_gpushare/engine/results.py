@@ -33,7 +33,10 @@ def summary(group, what):
 
 def format_summary(summary):
     """The final line: time per phase, bytes copied, written, deduplicated, zero, and skipped as
-    unchanged (never crossed the link)."""
+    unchanged (never crossed the link); for a run that moved nothing and says why ("note", as a
+    resume of a group whose holder died before its plan), that."""
+    if summary.get("note") and not summary.get("bytes"):
+        return f"{summary['state']} {len(summary['pids'])} process(es): {summary['note']}"
     secs = summary["seconds"]
     b = summary["bytes"]
     phases = ", ".join(f"{k} {v:.2f}s" for k, v in secs.items())

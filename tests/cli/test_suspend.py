@@ -43,6 +43,19 @@ def test_resume_of_pids_from_two_groups_asks_for_one_group_at_a_time(cli, env, s
     assert all(jn.owner_of(pid).state == jn.SUSPENDED for pid in sleepers)  # untouched
 
 
+def test_resume_of_a_group_whose_holder_died_before_its_plan_says_nothing_changed(cli, env, sleepers,
+                                                                                   monkeypatch):
+    """The holder gone before it made the group's plan: nothing of the group was changed; `resume`
+    says so, frees the pids and exits 0 (it printed a traceback before)."""
+    monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", env["CRIU_GPUSHARE_RUN_DIR"])
+    journal = jn.Journal.create("suspend", [sleepers[0]], jn.SUSPENDING, store="s", ref="r")
+    journal.set(worker={"pid": sleepers[1], "started": 1})  # not that process: gone
+    r = cli(env, "resume", sleepers[0])
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("resumed 1 process(es): nothing had been changed"), r.stdout
+    assert jn.owner_of(sleepers[0]) is None
+
+
 @pytest.mark.parametrize("bad", ["GPU-a", "=GPU-b", "GPU-a=GPU-b,GPU-c"])
 def test_resume_refuses_a_malformed_gpu_map(cli, env, sleepers, bad):
     r = cli(env, "resume", sleepers[0], "--gpu-map", bad)

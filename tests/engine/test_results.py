@@ -12,6 +12,11 @@ def test_the_summary_line():
     assert "loaded" in results.format_summary(dict(summary, state="resumed"))
 
 
+def test_the_summary_line_of_a_run_that_moved_nothing_says_why():
+    summary = {"state": "resumed", "pids": [7], "seconds": {}, "bytes": {}, "note": "nothing had been changed"}
+    assert results.format_summary(summary) == "resumed 1 process(es): nothing had been changed"
+
+
 def test_phases_take_a_steps_timed_parts_out_of_it_and_leave_the_total_out():
     times = {"quiesce": 0.5, "save": 2.0, "total": 9.0}
     parts = {"save": {"store commit (sync, manifest, ref)": 0.75}}
