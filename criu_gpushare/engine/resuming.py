@@ -1,13 +1,20 @@
 """`resume` of a suspended group, from any of its pids: the group's holder does it when one lives;
-else this process finishes the work from the group's journal (engine/suspension.py's recover).
+else, or when the holder dies with the request, this process finishes the work from the group's
+journal (engine/suspension.py's recover).
 
 Apart from the engine on purpose. A resume through its holder needs the journal, the holder's
 socket and the settings, nothing more: the engine, the store and the GPU bindings are most of a
 command's start (bench/startup_bench.py, case resume), and the resumed group waits for it. They are
 imported only where no holder lives, as the hook's post-resume does (hook/main.py).
 """
+import time
+
 from ..errors import Interrupted, ProcessError
 from . import cancel, holder, journal as jn
+
+# How long a holder that closed the connection without an answer may take to be gone: it was
+# dying (killed, crashed) and its socket closed first.
+HOLDER_EXIT_S = 5.0
 
 
 def _no_mark(phase):
@@ -32,11 +39,17 @@ def resume(pids, settings, report=print, mark=_no_mark):
     """Resume the suspended group of pids; -> the final object (engine/holder.py). The GPU map and
     verify are this command's settings; the store and cache those of the suspend. A holder killed
     at any phase loses nothing: the plan and the steps begun are in the journal, the memory in the
-    store. mark(phase): called as each phase of this process ends (the command's phase clock)."""
+    store; one that dies with this request (killed, crashed) leaves the rest to this command.
+    mark(phase): called as each phase of this process ends (the command's phase clock)."""
     journal = group_of(pids)
     mark("check (pids, journal)")
     if journal.worker_alive():
-        return _ask_holder(journal, settings, report)
+        final = _ask_holder(journal, settings, report)
+        if final is not None:
+            return final
+        asked, journal = journal, jn.owner_of(journal.pids[0])  # as the dead holder left it
+        if journal is None:
+            return _closed_without_reply(asked)
     from . import dump, suspension  # no holder: the work is this process's
     # a dump's journal: the ref of a dump CRIU did not finish is dropped (engine/dump.py)
     on_recovered = dump.forget_if_failed if journal.kind == "dump" else None
@@ -47,14 +60,41 @@ def resume(pids, settings, report=print, mark=_no_mark):
 
 
 def _ask_holder(journal, settings, report):
+    """The holder's final object; None when the holder is gone, the request unanswered (it died
+    with it, or just before): this process then finishes the work from the journal."""
     try:
         return holder.ask(journal.key, "resume", on_progress=report, gpu_map=settings.gpu_map or {},
                           verify=settings.verify)
-    except ProcessError:
-        worker = journal.data["worker"]["pid"]
-        raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
-                           f"({journal.kind}, {journal.state}); wait for it") from None
+    except holder.NoHolder:
+        gone = not journal.worker_alive()  # else the worker is a command recovering the group
+    except ProcessError:  # the connection closed without an answer: the holder was dying
+        gone = _gone_within(journal, HOLDER_EXIT_S)
     except KeyboardInterrupt:  # the holder ignores it and goes on
         raise Interrupted(f"interrupted: the resume goes on in the holder of group {journal.key} "
                           f"(its log: {holder.log_path(journal.key)}); `criu-gpushare status "
                           f"{journal.key}` shows when it is done") from None
+    if gone:
+        report(f"the holder of group {journal.key} ended without an answer (its log: "
+               f"{holder.log_path(journal.key)})")
+        return None
+    worker = journal.data["worker"]["pid"]
+    raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
+                       f"({journal.kind}, {journal.state}); wait for it")
+
+
+def _gone_within(journal, seconds):
+    end = time.monotonic() + seconds
+    while journal.worker_alive():
+        if time.monotonic() >= end:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _closed_without_reply(journal):
+    """The holder closed the group's journal, its resume done (it closes it on success only), and
+    ended before its reply."""
+    return {"event": "done", "ok": True, "result": {
+        "state": "resumed", "pids": journal.pids, "seconds": {}, "bytes": {},
+        "note": f"its holder ended before it replied, once the group ran again (its log: "
+                f"{holder.log_path(journal.key)})"}}
