@@ -77,3 +77,32 @@ print(sorted(m for m in sys.modules if m.startswith(("criu_gpushare", "cuda", "p
         "criu_gpushare.engine.settings", "criu_gpushare.engine.statedir", "criu_gpushare.gpu",
         "criu_gpushare.gpu.devices"}, sorted(imported)
     assert jn.owner_of(sleeper.pid) is None
+
+
+class DiesWithTheRequest(AnswersResume):
+    """A holder killed while it resumes: before any step (the journal as it was), or after closing
+    the group's journal (its resume done) but before its reply."""
+
+    def __init__(self, journal, closed_first):
+        super().__init__(journal)
+        self.closed_first = closed_first
+
+    def handle(self, cmd, fields, report):
+        if self.closed_first:
+            self.journal.close()
+        os._exit(9)
+
+
+@pytest.mark.parametrize("closed_first", [False, True])
+def test_a_holder_that_dies_with_the_request_leaves_the_resume_to_this_command(sleeper, closed_first):
+    journal = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDED, store="s", ref="r")
+    assert holder.start(DiesWithTheRequest(journal, closed_first), on_progress=lambda m: None)["ok"]
+    seen = []
+    final = resuming.resume([sleeper.pid], load_settings({}, NO_CONFIG), report=seen.append)
+    assert final["ok"], final
+    assert seen[0].startswith(f"the holder of group {journal.key} ended without an answer"), seen
+    if closed_first:  # nothing left to do: the group runs
+        assert final["result"]["note"].startswith("its holder ended before it replied, once the group ran")
+    else:  # finished here from the journal (made before any plan: nothing had been changed)
+        assert final["result"]["note"] == "nothing had been changed"
+    assert jn.owner_of(sleeper.pid) is None
