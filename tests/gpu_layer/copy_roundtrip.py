@@ -1,26 +1,29 @@
 """Run by test_copy_engine.py in a process that loads the CUDA driver (fake or real).
 
-    copy_roundtrip.py STORE MIB [--ring N --chunk-mib M] [--pieces K [--slow-put S]]
+    copy_roundtrip.py STORE MIB [--ring N --chunk-mib M] [--pieces K [--hold-first-put]]
 
 Allocates MIB MiB of exportable cuMem memory, fills it with a pattern that has an all-zero part and
 a repeated part, exports it as a POSIX fd, imports that fd as the tool would (ImportedAllocation),
 saves it with the CopyEngine, clears the memory, loads it back, and compares. Prints one JSON line.
 With --pieces K the memory is K allocations of equal size (the last takes the rest), saved with
 one save_all and loaded with one load_all; "most_open" says how many pieces each was seen to
-hold open at once (both hold a hash group open at a time); --slow-put
-makes every store put take S seconds more, and "save_s" says how long save_all took.
+hold open at once (both hold a hash group open at a time); --hold-first-put holds the save's
+first store put until another put has begun (a slow disk), and "first_put_overlapped" says
+whether one did (else the first put gave up waiting after HOLD_S).
 """
 import contextlib
 import argparse
 import ctypes
 import json
 import sys
-import time
+import threading
 
 from criu_gpushare.gpu import driver as drv
 from criu_gpushare.gpu.copy_engine import CopyEngine
 from criu_gpushare.gpu.memory import ImportedAllocation, use_device
 from criu_gpushare.store.store import Store
+
+HOLD_S = 60.0  # reached only where the puts do not overlap: the test fails then, never by luck
 
 
 def exportable_allocation(size, device=0):
@@ -43,7 +46,7 @@ def main():
     ap.add_argument("--ring", type=int, default=4)
     ap.add_argument("--chunk-mib", type=int, default=1)
     ap.add_argument("--pieces", type=int, default=0)
-    ap.add_argument("--slow-put", type=float, default=0.0)
+    ap.add_argument("--hold-first-put", action="store_true")
     args = ap.parse_args()
     cu = drv.driver()
     use_device(0)
@@ -96,19 +99,27 @@ def pieces(args, store, mem, size, chunk, before):
         finally:
             state["open"] -= 1
 
-    class SlowPuts:  # the store, with a put that takes longer (a slow disk)
+    class HeldPuts:  # the store, its first put held until another one begins (a slow disk)
+        def __init__(self):
+            self.lock, self.began, self.another = threading.Lock(), 0, threading.Event()
+            self.overlapped = None
+
         def put(self, data, cid=None):
-            time.sleep(args.slow_put)
+            with self.lock:
+                self.began += 1
+                first = self.began == 1
+            if first:
+                self.overlapped = self.another.wait(HOLD_S)
+            else:
+                self.another.set()
             return store.put(data, cid)
 
         def get(self, *a, **kw):
             return store.get(*a, **kw)
 
-    with CopyEngine(SlowPuts() if args.slow_put else store, ring_slots=args.ring, chunk_size=chunk,
-                    workers=3) as engine:
-        t0 = time.monotonic()
+    held = HeldPuts() if args.hold_first_put else None
+    with CopyEngine(held or store, ring_slots=args.ring, chunk_size=chunk, workers=3) as engine:
         saved = engine.save_all([SaveItem(f"p{k}", n, 0, lambda k=k: opened(k)) for k, (_, n) in enumerate(bounds)])
-        save_s = time.monotonic() - t0
         most_open = {"save": state["most"]}
         state["most"] = 0
         drv.check(cu.cuMemsetD8(mem.ptr, 0xEE, size), "clobber")
@@ -118,7 +129,7 @@ def pieces(args, store, mem, size, chunk, before):
     drv.check(cu.cuMemcpyDtoH(after, mem.ptr, size), "read back")
     json.dump({"same": before == bytes(after), "most_open": most_open, "open_now": state["open"],
                "order": state["order"],
-               "save_s": save_s,
+               "first_put_overlapped": held.overlapped if held else None,
                "saved": sum(s.written + s.deduplicated + s.zero for _, s in saved),
                "loaded": sum(s.copied for s in loaded)}, sys.stdout)
 
