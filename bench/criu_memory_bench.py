@@ -19,6 +19,7 @@ Per mode, the medians of --runs cycles: the wall time of each command and CRIU's
 (stats-dump: frozen, memdump, memwrite; stats-restore: restore), in seconds.
 """
 import argparse
+import ctypes
 import json
 import os
 import shutil
@@ -92,8 +93,50 @@ def _criu(criu, argv, images, timeout_s):
     return wall
 
 
-def cycle(args, work):
-    """One dump and restore of a fresh workload; -> its figures."""
+MADV_COLLAPSE = 25             # linux/mman.h; process_madvise takes it since Linux 6.1
+SYS_PROCESS_MADVISE = 440      # the same number on x86-64 and arm64
+
+
+class _IoVec(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+def anonymous_areas(pid, least=2 << 20):
+    """(start, end) of pid's private writable anonymous mappings of at least `least` bytes (its
+    heap included): what CRIU copies into the image page by page."""
+    out = []
+    with open(f"/proc/{pid}/maps") as f:
+        for line in f:
+            fields = line.split()
+            span, perms = fields[0], fields[1]
+            name = fields[5] if len(fields) > 5 else ""
+            start, end = (int(x, 16) for x in span.split("-"))
+            if perms.startswith("rw") and perms[3] == "p" and name in ("", "[heap]") and end - start >= least:
+                out.append((start, end))
+    return out
+
+
+def collapse(pid):
+    """Ask the kernel to put pid's anonymous memory in 2 MiB pages now (process_madvise
+    MADV_COLLAPSE, as a tool could from outside before CRIU dumps it); -> (seconds, bytes
+    collapsed). An area that cannot be collapsed (pages shared, no huge page free) is skipped."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    pidfd = os.pidfd_open(pid)
+    done, t0 = 0, time.monotonic()
+    try:
+        for start, end in anonymous_areas(pid):
+            iov = _IoVec(start, end - start)
+            n = libc.syscall(SYS_PROCESS_MADVISE, pidfd, ctypes.byref(iov), 1, MADV_COLLAPSE, 0)
+            done += max(0, n)
+    finally:
+        os.close(pidfd)
+    return time.monotonic() - t0, done
+
+
+def cycle(args, work, collapse_first=False):
+    """One dump and restore of a fresh workload (with collapse_first, its memory collapsed into
+    huge pages just before the dump); -> its figures."""
     images = tempfile.mkdtemp(prefix="images.", dir=work)
     ready, check = os.path.join(work, "ready"), os.path.join(work, "check")
     for p in (ready, check):
@@ -106,12 +149,15 @@ def cycle(args, work):
     pid = proc.pid
     try:
         before = _wait_for(ready, args.timeout, proc)
+        collapsed = collapse(pid) if collapse_first else None
         dump_s = _criu(args.criu, ["dump", "-t", str(pid)], images, args.timeout)
         proc.wait(timeout=10)  # CRIU ended it
         restore_s = _criu(args.criu, ["restore", "-d"], images, args.timeout)
         os.kill(pid, signal.SIGUSR1)  # restored under its own pid
         after = _wait_for(check, args.timeout)
         out = {"dump_s": dump_s, "restore_s": restore_s, "check": "ok" if after == before else "DIFFERS"}
+        if collapsed:
+            out["collapse_s"], out["collapsed_bytes"] = collapsed
         for action in ("dump", "restore"):
             out.update({f"{action}.{k}": v for k, v in stats(images, action).items()})
         out["image_bytes"] = sum(e.stat().st_size for e in os.scandir(images) if e.is_file())
@@ -125,7 +171,7 @@ def cycle(args, work):
         shutil.rmtree(images, ignore_errors=True)
 
 
-COLUMNS = [("dump_s", "dump s"), ("dump.frozen", "frozen"), ("dump.memdump", "memdump"),
+COLUMNS = [("collapse_s", "collapse"), ("dump_s", "dump s"), ("dump.frozen", "frozen"), ("dump.memdump", "memdump"),
            ("dump.memwrite", "memwrite"), ("restore_s", "restore s"), ("restore.restore", "restore")]
 
 
@@ -138,6 +184,9 @@ def main(argv=None):
     ap.add_argument("--dir", default="/dev/shm", help="where the image directories go (a tmpfs)")
     ap.add_argument("--criu", default=shutil.which("criu") or "criu", help="the criu binary")
     ap.add_argument("--timeout", type=float, default=300, help="seconds for each command")
+    ap.add_argument("--collapse", action="store_true",
+                    help="also, per mode, cycles whose workload memory is collapsed into huge pages "
+                         "(process_madvise MADV_COLLAPSE) just before the dump: rows MODE+collapse")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -151,11 +200,13 @@ def main(argv=None):
     try:
         for mode in modes:
             bl.set_thp_mode(mode)
-            runs = [cycle(args, work) for _ in range(args.runs)]
-            results[mode] = {k: round(statistics.median(r[k] for r in runs), 3)
-                             for k in runs[0] if isinstance(runs[0][k], (int, float))}
-            results[mode]["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
-            results[mode]["runs"] = args.runs
+            for collapse_first in (False, True) if args.collapse else (False,):
+                runs = [cycle(args, work, collapse_first) for _ in range(args.runs)]
+                row = {k: round(statistics.median(r[k] for r in runs), 3)
+                       for k in runs[0] if isinstance(runs[0][k], (int, float))}
+                row["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
+                row["runs"] = args.runs
+                results[mode + ("+collapse" if collapse_first else "")] = row
     finally:
         if before:
             bl.set_thp_mode(before)
@@ -164,9 +215,9 @@ def main(argv=None):
         print(json.dumps({"gib": args.gib, "modes": results, "thp_before": before}, indent=2))
         return 0 if all(r["check"] == "ok" for r in results.values()) else 1
     print(f"CRIU, {args.gib:g} GiB of anonymous memory, images in {args.dir}, median of {args.runs} (s)")
-    print(f"{'THP mode':<9}" + "".join(f"{title:>11}" for _, title in COLUMNS) + f"{'pages':>10}  check")
+    print(f"{'THP mode':<17}" + "".join(f"{title:>10}" for _, title in COLUMNS) + f"{'pages':>10}  check")
     for mode, r in results.items():
-        print(f"{mode:<9}" + "".join(f"{r.get(k, float('nan')):>11.2f}" for k, _ in COLUMNS)
+        print(f"{mode:<17}" + "".join(f"{r[k]:>10.2f}" if k in r else f"{'-':>10}" for k, _ in COLUMNS)
               + f"{r.get('dump.pages_written', 0):>10.0f}  {r['check']}")
     return 0 if all(r["check"] == "ok" for r in results.values()) else 1
 

@@ -147,19 +147,24 @@ def test_a_tool_call_that_overruns_is_bounded():
 
 def test_criu_memory_bench_dumps_and_restores_a_process_and_checks_its_memory(criu, tmp_path):
     """bench/criu_memory_bench.py on this machine's CRIU, in the mode already in force (the machine
-    is left as it was): a dump and a restore of its workload, the memory checked after, CRIU's own
-    account of both, the image's size and the mode put back."""
+    is left as it was), with and without the memory collapsed first: a dump and a restore of its
+    workload, the memory checked after, CRIU's own account of both, the image's size and the mode
+    put back."""
     mode = bl.thp_mode()
     if mode is None:
         pytest.skip("no transparent huge page mode to read on this kernel")
     r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs",
-                        "1", "--modes", mode, "--dir", str(tmp_path), "--criu", criu, "--json"],
+                        "1", "--modes", mode, "--collapse", "--dir", str(tmp_path), "--criu", criu, "--json"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    got = json.loads(r.stdout)["modes"][mode]
-    assert got["check"] == "ok" and got["dump_s"] > 0 and got["restore_s"] > 0, got
-    assert got["dump.pages_written"] >= 16384 and got["restore.pages_restored"] == got["dump.pages_written"], got
-    assert got["image_bytes"] >= 64 << 20, got
+    modes = json.loads(r.stdout)["modes"]
+    assert set(modes) == {mode, f"{mode}+collapse"}, modes
+    for got in modes.values():
+        assert got["check"] == "ok" and got["dump_s"] > 0 and got["restore_s"] > 0, got
+        assert got["dump.pages_written"] >= 16384, got
+        assert got["restore.pages_restored"] == got["dump.pages_written"], got
+        assert got["image_bytes"] >= 64 << 20, got
+    assert "collapse_s" in modes[f"{mode}+collapse"] and "collapse_s" not in modes[mode]
     assert bl.thp_mode() == mode and list(tmp_path.iterdir()) == []
 
 
