@@ -113,28 +113,36 @@ def parse_args(argv=None):
 class Bench:
     def __init__(self, args):
         self.args = args
+        # what close() undoes, empty until made: a set-up that fails half-way leaves nothing behind
+        self.live, self.s3, self.huge, self.thp_before = [], None, None, None
         self.work = tempfile.mkdtemp(prefix="criu-gpushare-bench.", dir=args.tmpfs if os.path.isdir(args.tmpfs) else None)
+        self.targets = [("tmpfs", os.path.join(self.work, "stores"))]
+        try:
+            self._set_up(args)
+        except BaseException:
+            self.close()
+            raise
+
+    def _set_up(self, args):
         self.run_dir = os.path.join(self.work, "run")
         os.mkdir(self.run_dir, 0o700)
         self.env = bl.tool_env(self.run_dir)
-        self.targets = [("tmpfs", os.path.join(self.work, "stores"))]
         self.huge = bl.mount_huge_tmpfs() if args.huge_tmpfs else None
         if self.huge:
             self.targets.append(("tmpfs-huge", self.huge))
         if not args.no_disk:
             os.makedirs(args.disk, exist_ok=True)
             self.targets.append(("disk", tempfile.mkdtemp(prefix="stores.", dir=args.disk)))
-        self.s3, self.s3_buckets = None, itertools.count(1)  # one bucket per store: none to empty first
+        self.s3_buckets = itertools.count(1)  # one bucket per store: none to empty first
         if args.s3:
             self.s3 = _start_s3(tempfile.mkdtemp(prefix="s3.", dir=_made(args.disk)))
             self.env.update({k: v for k, v in self.s3.env().items() if k.startswith("AWS_")})
             self.targets.append(("s3", self.s3.workdir))
         for _, d in self.targets:
             os.makedirs(d, exist_ok=True)
-        self.rows, self.driver, self.live = [], None, []
+        self.rows, self.driver = [], None
         bl.become_subreaper()  # restored trees are reaped here, their pids free for the next restore
         self.has = {}
-        # last: nothing after it can fail and leave the machine's mode changed
         self.thp_before = bl.set_thp_mode(args.thp) if args.thp else None
         self.thp = bl.thp_mode()  # in force for the whole run
 

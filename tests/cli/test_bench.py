@@ -95,6 +95,30 @@ def test_checkpoint_bench_mounts_a_huge_page_tmpfs_store_for_its_run_and_unmount
     assert after == "False False", r.stdout
 
 
+def test_a_checkpoint_bench_whose_set_up_fails_leaves_no_mount_and_no_directory(tmp_path):
+    """--thp that cannot be set (here: refused as without root) after the huge-page tmpfs was
+    mounted: the run stops saying why, with the mount and its working directory gone."""
+    probe = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(BENCH)!r})
+        import checkpoint_bench as cb
+        def refused(mode):
+            raise SystemExit("cannot set transparent huge pages (root is needed)")
+        cb.bl.set_thp_mode = refused
+        mounts_before = open("/proc/mounts").read().count("bench-huge-tmpfs.")
+        try:
+            cb.Bench(cb.parse_args(["--huge-tmpfs", "--no-disk", "--thp", "always", "--tmpfs", {str(tmp_path)!r}]))
+        except SystemExit as e:
+            print(e)
+        print(open("/proc/mounts").read().count("bench-huge-tmpfs.") - mounts_before)
+    """)
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    said, mounts_left = r.stdout.splitlines()
+    assert said == "cannot set transparent huge pages (root is needed)" and mounts_left == "0", r.stdout
+    assert list(tmp_path.iterdir()) == []
+
+
 WORKLOADS = sorted(p.name for p in (BENCH / "workloads").glob("*.py") if p.name != "wlcommon.py")
 
 
