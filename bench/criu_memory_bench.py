@@ -171,8 +171,9 @@ def cycle(args, work, collapse_first=False):
         shutil.rmtree(images, ignore_errors=True)
 
 
-COLUMNS = [("collapse_s", "collapse"), ("dump_s", "dump s"), ("dump.frozen", "frozen"), ("dump.memdump", "memdump"),
-           ("dump.memwrite", "memwrite"), ("restore_s", "restore s"), ("restore.restore", "restore")]
+COLUMNS = [("collapse_s", "collapse"), ("dump_s", "dump s"), ("dump.frozen", "frozen"),
+           ("dump.memdump", "memdump"), ("dump.memwrite", "memwrite"), ("restore_s", "restore s"),
+           ("restore.restore", "restore")]
 
 
 def main(argv=None):

@@ -9,6 +9,7 @@ imported only where no holder lives, as the hook's post-resume does (hook/main.p
 """
 import time
 
+from .. import waits
 from ..errors import Interrupted, ProcessError
 from . import cancel, holder, journal as jn
 
@@ -83,9 +84,9 @@ def _ask_holder(journal, settings, report):
 
 
 def _gone_within(journal, seconds):
-    end = time.monotonic() + seconds
+    deadline = waits.Deadline(seconds)
     while journal.worker_alive():
-        if time.monotonic() >= end:
+        if deadline.passed():
             return False
         time.sleep(0.02)
     return True

@@ -75,7 +75,7 @@ print(sorted(m for m in sys.modules if m.startswith(("criu_gpushare", "cuda", "p
         "criu_gpushare.engine", "criu_gpushare.engine.cancel", "criu_gpushare.engine.holder",
         "criu_gpushare.engine.journal", "criu_gpushare.engine.resuming", "criu_gpushare.engine.results",
         "criu_gpushare.engine.settings", "criu_gpushare.engine.statedir", "criu_gpushare.gpu",
-        "criu_gpushare.gpu.devices"}, sorted(imported)
+        "criu_gpushare.gpu.devices", "criu_gpushare.waits"}, sorted(imported)
     assert jn.owner_of(sleeper.pid) is None
 
 
