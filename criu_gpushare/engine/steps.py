@@ -43,7 +43,7 @@ import time
 
 from .. import waits
 from ..errors import BusyError, Error, ProcessError
-from ..gpu import checkpoint_api as ck
+from ..gpu import checkpoint_api as ck, driver as drv
 from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
 from ..gpu.devices import DeviceMap, workload_devices_map
 from ..gpu.memory import ImportedAllocation, retain_ahead
@@ -146,12 +146,14 @@ class Group:
         """Read every process's shim and driver state and make the plan; refuse, before anything
         changes, what cannot be handled (engine/plan.py)."""
         self.begin_step()
+        started = drv.start_seconds()
         self.members = plan.discover(self.pids, self.deadline)
+        if started is None and drv.start_seconds() is not None:  # the state queries started CUDA
+            self.parts["discover"] = {"discover: CUDA start (bindings, cuInit)": drv.start_seconds()}
         self._plan()
         # the save's contexts are made while the journal is written and the shims quiesce
         retain_ahead(sorted({self.tool_device(u) for u in self.units}))
-        from ..gpu.driver import gpus
-        self.gpus = [uuid for _, _, uuid in gpus()] if self.pids_with_cuda() else []
+        self.gpus = [uuid for _, _, uuid in drv.gpus()] if self.pids_with_cuda() else []
 
     @property
     def has_gpu_state(self):
@@ -406,8 +408,7 @@ class Group:
             self.handover.refreeze(todo, self.deadline)
         pairs = []
         if self.gpus:
-            from ..gpu.driver import gpus
-            pairs = ck.gpu_map(self.gpus, [u for _, _, u in gpus()], self.options.gpu_map)
+            pairs = ck.gpu_map(self.gpus, [u for _, _, u in drv.gpus()], self.options.gpu_map)
         try:
             fault_point("driver-restore")  # tests: the driver restore failing
             with self._driver_lock():  # two processes calling at once hang the driver

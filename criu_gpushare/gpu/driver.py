@@ -4,6 +4,7 @@ cuda-bindings opens libcuda.so.1 at the first call. On a machine without the NVI
 raises from deep inside cuda-pathfinder; here it becomes NoGpuError with what to do.
 """
 import functools
+import time
 
 from ..errors import DriverError, NoGpuError
 
@@ -17,9 +18,14 @@ CHECKPOINT_SYMBOLS = (
 )
 
 
+_start_seconds = None  # how long this process's driver start took, once it happened
+
+
 @functools.lru_cache(maxsize=None)
 def driver():
     """cuda.bindings.driver after a successful cuInit(0)."""
+    global _start_seconds
+    t0 = time.monotonic()
     try:
         from cuda.bindings import driver as cu
     except ImportError as e:
@@ -31,7 +37,14 @@ def driver():
                          f"({type(e).__name__}); install the NVIDIA driver (>= 580)") from e
     if err != cu.CUresult.CUDA_SUCCESS:
         raise NoGpuError(f"cuInit failed: {error_name(cu, err)}")
+    _start_seconds = time.monotonic() - t0
     return cu
+
+
+def start_seconds():
+    """How long this process's driver start took (the bindings imported, cuInit), or None before
+    it happened: a step that started the driver can show the part it was (engine/steps.py)."""
+    return _start_seconds
 
 
 def error_name(cu, err):

@@ -4,7 +4,8 @@ add up to the whole command, the holder's steps included (tests/hook/test_gpu_du
 from lctest import share, values, write
 from phasecheck import assert_phases_cover, timed_cli
 
-SUSPEND = ("tool start", "check (pids, settings, journal)", "discover", "quiesce", "save",
+SUSPEND = ("tool start", "check (pids, settings, journal)", "discover", "discover: CUDA start (bindings, cuInit)",
+           "quiesce", "save",
            "save: open memory (fd, import, map)", "save: close memory (unmap, release)",
            "save: GPU start (context, stream, hasher)", "save: pin the ring",
            "store commit (sync, manifest, ref)", "release", "lock", "freeze", "checkpoint",
