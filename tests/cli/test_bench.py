@@ -67,7 +67,8 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
                   "load, reads only, chunks never read before", "save, first", "save",
                   "save, every chunk hashed on the host too", "save, no host hash at all",
                   "save, copies only", "load", "load, no check", "load, copies only", "load, reads only",
-                  "load, no check, 32 slots and workers", "load ahead (buffer made, read, checked)", "device to device",
+                  "load, no check, 32 slots and workers", "load ahead (buffer made, read, checked)",
+                  "load ahead's buffers made, 1 GiB each", "device to device",
                   "DMA from the page cache", "DMA into the page cache"):
         assert f"\n{stage} " in table, table
     assert "no usable GPU hasher here" in r.stdout
