@@ -10,10 +10,12 @@ a dump and a restore (`criu dump (freeze, memory, images)`, `criu restore (proce
 memory)`) then bound what the tool cannot move. This bench times that part alone, no GPU needed:
 one plain process holding --gib GiB of random bytes in anonymous memory (the anonymous memory of a
 real workload: its heap, the driver's host copies), dumped with `criu dump` into a tmpfs image
-directory and restored with `criu restore -d`, its memory checked afterwards (a hash it took
+directory and restored with `criu restore -d`, its memory checked afterwards (a CRC it took
 before the dump, against one it takes again). Each transparent huge page mode is set for the whole
 cycle (the workload's memory takes the mode in force when it is faulted in, CRIU's restore too)
-and put back at the end; setting it needs root.
+and put back at the end; setting it needs root. --collapse adds, per mode, cycles whose workload
+memory the bench collapses into 2 MiB pages from outside just before the dump (process_madvise
+MADV_COLLAPSE, as a tool could), the collapse timed.
 
 Per mode, the medians of --runs cycles: the wall time of each command and CRIU's own account
 (stats-dump: frozen, memdump, memwrite; stats-restore: restore), in seconds.
