@@ -199,30 +199,42 @@ def main(argv=None):
     bl.become_subreaper()  # the restored workload is reaped here
     work = tempfile.mkdtemp(prefix="criu-memory-bench.", dir=args.dir)
     before = bl.thp_mode()
-    results = {}
     try:
-        for mode in modes:
-            bl.set_thp_mode(mode)
-            for collapse_first in (False, True) if args.collapse else (False,):
-                runs = [cycle(args, work, collapse_first) for _ in range(args.runs)]
-                row = {k: round(statistics.median(r[k] for r in runs), 3)
-                       for k in runs[0] if isinstance(runs[0][k], (int, float))}
-                row["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
-                row["runs"] = args.runs
-                results[mode + ("+collapse" if collapse_first else "")] = row
+        results = measure(args, modes, work)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:  # a CRIU that fails, or hangs
+        sys.exit(f"criu_memory_bench: {e}")
     finally:
         if before:
             bl.set_thp_mode(before)
         shutil.rmtree(work, ignore_errors=True)
+    report(args, results, before)
+    return 0 if all(r["check"] == "ok" for r in results.values()) else 1
+
+
+def measure(args, modes, work):
+    """{row name: medians of --runs cycles} per mode, and per mode collapsed with --collapse."""
+    results = {}
+    for mode in modes:
+        bl.set_thp_mode(mode)
+        for collapse_first in (False, True) if args.collapse else (False,):
+            runs = [cycle(args, work, collapse_first) for _ in range(args.runs)]
+            row = {k: round(statistics.median(r[k] for r in runs), 3)
+                   for k in runs[0] if isinstance(runs[0][k], (int, float))}
+            row["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
+            row["runs"] = args.runs
+            results[mode + ("+collapse" if collapse_first else "")] = row
+    return results
+
+
+def report(args, results, before):
     if args.json:
         print(json.dumps({"gib": args.gib, "modes": results, "thp_before": before}, indent=2))
-        return 0 if all(r["check"] == "ok" for r in results.values()) else 1
+        return
     print(f"CRIU, {args.gib:g} GiB of anonymous memory, images in {args.dir}, median of {args.runs} (s)")
     print(f"{'THP mode':<17}" + "".join(f"{title:>10}" for _, title in COLUMNS) + f"{'pages':>10}  check")
     for mode, r in results.items():
         print(f"{mode:<17}" + "".join(f"{r[k]:>10.2f}" if k in r else f"{'-':>10}" for k, _ in COLUMNS)
               + f"{r.get('dump.pages_written', 0):>10.0f}  {r['check']}")
-    return 0 if all(r["check"] == "ok" for r in results.values()) else 1
 
 
 if __name__ == "__main__":

@@ -312,15 +312,21 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
     BENCHES=" ${BENCHES:-copy shim checkpoint allocator} "
     if [[ $BENCHES == *" copy "* ]]; then timeout 200 python3 bench/copy_bench.py --gib 8 2>&1 | tee "$OUT/bench.txt"; fi
     if [[ $BENCHES == *" shim "* ]]; then timeout 200 python3 bench/shim_bench.py --repeat 7 2>&1 | tee -a "$OUT/bench.txt"; fi
-    if [[ $BENCHES == *" startup "* ]]; then timeout 200 python3 bench/startup_bench.py --gpu 2>&1 | tee "$OUT/bench-startup.txt"; fi
+    if [[ $BENCHES == *" startup "* ]]; then
+        timeout 200 python3 bench/startup_bench.py --gpu 2>&1 | tee "$OUT/bench-startup.txt"
+        step "bench/startup_bench.py --gpu" "${PIPESTATUS[0]}"
+    fi
     if [[ $BENCHES == *" writes "* ]]; then
         timeout 300 python3 bench/write_paths_bench.py --huge-tmpfs --size "${BENCH_WRITES_SIZE:-16G}" 2>&1 | tee "$OUT/bench-writes.txt"
+        step "bench/write_paths_bench.py" "${PIPESTATUS[0]}"
     fi
     if [[ $BENCHES == *" stages "* ]]; then
         timeout 300 python3 bench/save_stages_bench.py --gib "${BENCH_STAGES_GIB:-40}" 2>&1 | tee "$OUT/bench-stages.txt"
+        step "bench/save_stages_bench.py (${BENCH_STAGES_GIB:-40} GiB)" "${PIPESTATUS[0]}"
     fi
     if [[ $BENCHES == *" criu-memory "* ]]; then
         timeout 300 python3 bench/criu_memory_bench.py --gib "${BENCH_CRIU_MEMORY_GIB:-1}" 2>&1 | tee "$OUT/bench-criu-memory.txt"
+        step "bench/criu_memory_bench.py (${BENCH_CRIU_MEMORY_GIB:-1} GiB)" "${PIPESTATUS[0]}"
     fi
     # No driver checkpoint call of these overlaps another: each bench runs alone, in sequence.
     if [[ $BENCHES == *" checkpoint "* ]]; then

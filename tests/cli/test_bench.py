@@ -193,6 +193,18 @@ def test_criu_memory_bench_dumps_and_restores_a_process_and_checks_its_memory(cr
     assert bl.thp_mode() == mode and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="setting the huge page mode needs root")
+def test_criu_memory_bench_says_why_when_criu_fails_and_leaves_nothing(tmp_path):
+    mode = bl.thp_mode()
+    if mode is None:
+        pytest.skip("no transparent huge page mode to read on this kernel")
+    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs", "1",
+                        "--modes", mode, "--dir", str(tmp_path), "--criu", "/bin/false"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip() == "criu_memory_bench: criu dump exit 1:", r.stderr
+    assert bl.thp_mode() == mode and list(tmp_path.iterdir()) == []
+
+
 def test_the_transparent_huge_page_mode_is_read_set_and_given_back(tmp_path):
     """--thp: the mode in force is the bracketed word; setting it returns the one before (what
     the run's end puts back); a mode that cannot be set stops the run before it starts."""
