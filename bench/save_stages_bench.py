@@ -245,21 +245,15 @@ PIECE = 1 << 30  # the allocation size of the "1 GiB" rows
 
 def pin_ready_times(count, threads):
     """Seconds, sorted, at which each of `count` ring buffers (64 MiB) pinned on `threads` threads
-    was ready: whether a save could start copying before the whole ring is pinned."""
-    cu = drv.driver()
-    ctx = drv.check(cu.cuCtxGetCurrent(), "current context")
+    (memory.pin_pool, as the ring pins them) was ready: whether a save could start copying before
+    the whole ring is pinned."""
     t0 = time.monotonic()
-
-    def one(_):
-        drv.check(cu.cuCtxSetCurrent(ctx), "context")
-        buf = memory.PinnedBuffer(ce.CHUNK_SIZE)
-        return time.monotonic() - t0, buf
-
-    with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        made = list(pool.map(one, range(count)))
-    for _, buf in made:
-        buf.free()
-    return sorted(t for t, _ in made)
+    pool, futures = memory.pin_pool(ce.CHUNK_SIZE, count, threads)
+    with pool:
+        ready = [time.monotonic() - t0 for _ in concurrent.futures.as_completed(futures)]
+    for f in futures:
+        f.result().free()
+    return ready
 
 
 def device_to_device(ptr, size):

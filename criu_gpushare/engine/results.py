@@ -31,10 +31,14 @@ def summary(group, what):
             "units": len(group.units), "attachments": len(group.attachments)}
 
 
+def nothing_moved(state, pids, note):
+    """The result of a run that moved nothing, and why (`note`): the line format_summary prints."""
+    return {"state": state, "pids": pids, "seconds": {}, "bytes": {}, "note": note}
+
+
 def format_summary(summary):
     """The final line: time per phase, bytes copied, written, deduplicated, zero, and skipped as
-    unchanged (never crossed the link); for a run that moved nothing and says why ("note", as a
-    resume of a group whose holder died before its plan), that."""
+    unchanged (never crossed the link); for a run that moved nothing (nothing_moved), its note."""
     if summary.get("note") and not summary.get("bytes"):
         return f"{summary['state']} {len(summary['pids'])} process(es): {summary['note']}"
     secs = summary["seconds"]

@@ -11,7 +11,7 @@ import time
 
 from .. import waits
 from ..errors import Interrupted, ProcessError
-from . import cancel, holder, journal as jn
+from . import cancel, holder, journal as jn, results
 
 # How long a holder that closed the connection without an answer may take to be gone: it was
 # dying (killed, crashed) and its socket closed first.
@@ -95,7 +95,6 @@ def _gone_within(journal, seconds):
 def _closed_without_reply(journal):
     """The holder closed the group's journal, its resume done (it closes it on success only), and
     ended before its reply."""
-    return {"event": "done", "ok": True, "result": {
-        "state": "resumed", "pids": journal.pids, "seconds": {}, "bytes": {},
-        "note": f"its holder ended before it replied, once the group ran again (its log: "
-                f"{holder.log_path(journal.key)})"}}
+    return {"event": "done", "ok": True, "result": results.nothing_moved(
+        "resumed", journal.pids, f"its holder ended before it replied, once the group ran again (its "
+                                 f"log: {holder.log_path(journal.key)})")}

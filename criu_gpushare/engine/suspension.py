@@ -117,8 +117,7 @@ def recover(journal, gpu_map=None, report=print, verify=None, on_recovered=None)
     """Finish or undo the journal's work in this process (its worker is gone)."""
     if "group" not in journal.data:  # died before its plan was made: nothing was changed
         journal.close()
-        return {"state": "resumed", "pids": journal.pids, "seconds": {}, "bytes": {}, "note":
-                "nothing had been changed"}
+        return results.nothing_moved("resumed", journal.pids, "nothing had been changed")
     alive = journal.processes_alive()
     if not alive:
         journal.close()

@@ -65,6 +65,16 @@ def _settle(futures):
             f.exception()
 
 
+def _close_after_failure(opened, exc, what):
+    """After a failure: each [(key, its ExitStack)] still open closed, last first, its open() told
+    the failure (exc: sys.exc_info()); a failure to close is logged, the first one is raised."""
+    for key, stack in reversed(opened):
+        try:
+            stack.__exit__(*exc)
+        except BaseException as e:  # noqa: BLE001 - the first failure is the one raised
+            log.warning("closing %s after a failed %s: %s", key, what, e)
+
+
 @dataclasses.dataclass
 class CopyStats:
     """What moved: bytes copied over the link, newly written, already stored (dedup), all zero.
@@ -199,14 +209,15 @@ class CopyEngine:
                     if d == device and hasher is not None and hasher.supports(ptr, self.chunk_size)]
             if not mine:
                 continue
+            counts = [len(self._chunks(regions[k][2])) for k in mine]  # each region's slots of ids
             try:
-                hasher.reserve(sum(len(self._chunks(regions[k][2])) for k in mine))
+                hasher.reserve(sum(counts))
                 streams, first, pending = self._hash_streams(device), 0, []
-                for n, k in enumerate(mine):
+                for n, (k, count) in enumerate(zip(mine, counts)):
                     _, ptr, size = regions[k]
                     pending.append((k, hasher.start_ids(ptr, size, self.chunk_size,
                                                         streams[n % len(streams)], first)))
-                    first += len(self._chunks(size))
+                    first += count
                 for k, ids in pending:
                     out[k] = ids.result()
             except DriverError as e:  # e.g. no GPU memory left for a larger id buffer: copy it all
@@ -301,12 +312,7 @@ class CopyEngine:
                                   time.monotonic() - t1))
             return [self._finish_save(*save) for save in saves]
         except BaseException:
-            exc = sys.exc_info()
-            for item, stack, _, _, _ in reversed(opened):  # each item's open() sees the failure
-                try:
-                    stack.__exit__(*exc)
-                except BaseException as e:  # noqa: BLE001 - the first failure is the one raised
-                    log.warning("closing %s after a failed save: %s", item.key, e)
+            _close_after_failure([(item.key, stack) for item, stack, *_ in opened], sys.exc_info(), "save")
             _settle([f for save in saves for _, f in save[3]] + [f for f in slot_futures if f])
             raise
 
@@ -494,11 +500,7 @@ class CopyEngine:
             _settle([f for _, f in reads.values()])
             for stream in self._streams.values():
                 cu.cuStreamSynchronize(stream)
-            for item, stack, *_ in reversed(opened):  # each item's open() sees the failure
-                try:
-                    stack.__exit__(*exc)
-                except BaseException as e:  # noqa: BLE001 - the first failure is the one raised
-                    log.warning("closing %s after a failed load: %s", item.allocation.key, e)
+            _close_after_failure([(item.allocation.key, stack) for item, stack, *_ in opened], exc, "load")
             raise
 
     def _end_load_group(self, opened, results):

@@ -174,9 +174,10 @@ def unmap_pages(addr, size):
 PIN_THREADS = 2
 
 
-def _pin_pool(size, count):
-    """(a pool of PIN_THREADS threads, [count futures of new PinnedBuffers of size bytes, in
-    order]), each made in the caller's current context; the caller shuts the pool down."""
+def pin_pool(size, count, threads=None):
+    """(a pool of `threads` threads (PIN_THREADS where None), [count futures of new PinnedBuffers
+    of size bytes, in order]), each made in the caller's current context; the caller shuts the
+    pool down."""
     cu = drv.driver()
     ctx = drv.check(cu.cuCtxGetCurrent(), "get the current context")
 
@@ -185,7 +186,8 @@ def _pin_pool(size, count):
         return PinnedBuffer(size)
 
     prefix = f"{threading.current_thread().name}-pin"  # whose pinning it is, e.g. pin-ahead-pin_1
-    pool = concurrent.futures.ThreadPoolExecutor(min(count, PIN_THREADS), thread_name_prefix=prefix)
+    pool = concurrent.futures.ThreadPoolExecutor(min(count, threads or PIN_THREADS),
+                                                 thread_name_prefix=prefix)
     return pool, [pool.submit(one, i) for i in range(count)]
 
 
@@ -194,7 +196,7 @@ def pin_buffers(size, count):
     made are freed and the first error raised."""
     if count <= 1:
         return [PinnedBuffer(size) for _ in range(count)]
-    pool, futures = _pin_pool(size, count)
+    pool, futures = pin_pool(size, count)
     with pool:
         concurrent.futures.wait(futures)
     made = [f.result() for f in futures if f.exception() is None]
@@ -255,7 +257,7 @@ class PinnedRing:
             self._futures.append(done)
         if count > len(reuse):
             try:
-                pool, made = _pin_pool(size, count - len(reuse))
+                pool, made = pin_pool(size, count - len(reuse))
             except BaseException:
                 keep_pinned(reuse)
                 raise
