@@ -21,6 +21,13 @@ from stranger import stranger_cmd
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as uid 1001")
 
+# What waiting on her costs, by the shim's own timeouts: a peer's shim asked whose an fd is has 2 s
+# to answer (shim/src/ipc.c, find_exporter), and a connection to a shim's server 2 s to send its
+# request (server.c, GS_REQ_TIMEOUT_MS). A call that took less than that waited on nobody: the
+# bounds below are those timeouts, not a speed this machine must reach.
+PEER_ANSWER_S = 2.0
+REQUEST_ARRIVAL_S = 2.0
+
 
 @pytest.fixture
 def stranger():
@@ -60,7 +67,8 @@ def test_full_backlogs_of_squatted_names_cost_an_import_nothing(workload, cuda_e
     t0 = time.monotonic()
     root.do(f"import x {fd} 2097152", timeout=120)
     took = time.monotonic() - t0
-    assert took < 0.5, f"cuMemImportFromShareableHandle took {took:.2f} s behind 20 squatted names"
+    assert took < PEER_ANSWER_S, (f"cuMemImportFromShareableHandle took {took:.2f} s behind 20 "
+                                  "squatted names: it waited on one")
 
 
 def test_a_stopped_shim_costs_an_import_nothing(workload, cuda_env, tmp_path):
@@ -75,7 +83,8 @@ def test_a_stopped_shim_costs_an_import_nothing(workload, cuda_env, tmp_path):
         took = time.monotonic() - t0
     finally:
         os.kill(stopped.pid, signal.SIGCONT)
-    assert took < 0.5, f"cuMemImportFromShareableHandle took {took:.2f} s behind a stopped shim"
+    assert took < PEER_ANSWER_S, (f"cuMemImportFromShareableHandle took {took:.2f} s behind a "
+                                  "stopped shim: it asked it, and waited")
     assert stopped.status()["ok"]
 
 
@@ -85,7 +94,8 @@ def test_idle_connections_of_another_user_do_not_slow_status(workload, stranger)
     t0 = time.monotonic()
     assert control.status(w.pid, timeout=30)["ok"]
     took = time.monotonic() - t0
-    assert took < 0.5, f"status took {took:.2f} s behind 64 idle connections of uid 1001"
+    assert took < REQUEST_ARRIVAL_S, (f"status took {took:.2f} s behind 64 idle connections of uid "
+                                      "1001: it waited for one of them to send a request")
 
 
 def test_a_refused_client_still_reads_why(workload, stranger):
