@@ -2,13 +2,17 @@
 
 A point is a step name (the fault fires right after the step did its work, so its undo runs
 exactly as after a real failure), "copy" (inside save, after the first unit is in the store),
-"driver-restore" (inside restore, in place of the driver's restore call) or "post-dump" (a dump
-marked complete at CRIU's post-dump).
+"driver-restore" (inside restore, in place of the driver's restore call), "post-dump" (a dump
+marked complete at CRIU's post-dump) or "post-restore" (the hook's restore holder, its journal
+made at CRIU's post-restore, before it answers).
 `<point>` raises the tool's error there; `<point>:kill` SIGKILLs this process there, as a crash
 would; `<point>:bug` raises an exception that is not the tool's (as a bug would); `<point>:pause`
 writes this process's pid to the file $CRIU_GPUSHARE_FAULT_PAUSE and waits there while that file
 exists (60 s at most: a test interrupts the command meanwhile, then removes it). With
 CRIU_GPUSHARE_TEST_KILL_AT_FAULT=PID, process PID is SIGKILLed there first (a member crashing).
+With CRIU_GPUSHARE_FAULT_ONCE=PATH it fires in the first process to reach the point only (the one
+that creates PATH), as a crash would, and not again in the process that takes over its work:
+CRIU gives every action script it runs the same environment.
 """
 import os
 import signal
@@ -26,7 +30,7 @@ class InjectedFault(Error):
 
 def fault_point(point):
     want, _, how = os.environ.get(FAULT_ENV, "").partition(":")
-    if want != point:
+    if want != point or not _first_time():
         return
     victim = os.environ.get("CRIU_GPUSHARE_TEST_KILL_AT_FAULT")
     if victim:  # tests: another process (a member of the group) dies here, as a crash would
@@ -45,6 +49,17 @@ def fault_point(point):
     if how == "bug":
         raise RuntimeError(f"bug injected at {point} ({FAULT_ENV})")
     raise InjectedFault(point, FAULT_ENV)
+
+
+def _first_time():
+    once = os.environ.get("CRIU_GPUSHARE_FAULT_ONCE")
+    if not once:
+        return True
+    try:
+        os.close(os.open(once, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _wait_dead(pid, timeout_s=10):

@@ -20,7 +20,8 @@ from ..criu import images, libdir, rpc
 from ..errors import Cancelled, Error, Interrupted, ProcessError
 from ..shimctl.processes import process_tree, uses_cuda
 from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
-               suspension)
+               resuming, suspension)
+from .faults import fault_point
 from .settings import load_settings
 from .steps import Options
 
@@ -217,7 +218,7 @@ class _CriuDumpWork(_CriuWork):
 class Restore:
     """The restore of images_dir: by CRIU's RPC in this process (run_criu), or the GPU side only
     for CRIU that runs the hook (in a holder its pre-restore starts and its post-resume asks;
-    run_saved where none listens)."""
+    finish_without_holder where none answers)."""
 
     def __init__(self, images_dir, settings, report=print):
         self.images_dir, self.settings, self.report = images_dir, settings, report
@@ -226,6 +227,7 @@ class Restore:
         self.record = self.manifest = None
         self._gpus = None  # the GPU check, in its thread (check_gpus_ahead)
         self._loading_ahead = None  # what the GPU check started reading (restore.load_ahead)
+        self._journaled = None  # (group, journal) once CRIU restored the processes (journal())
 
     def check_image(self):
         """Before CRIU restores anything: the image and the store (engine/restore.py), without
@@ -276,11 +278,32 @@ class Restore:
         return _options(self.settings, rec["ref"], store=self.store or rec["store"],
                         gpu_map=self.settings.gpu_map or None)
 
+    def journal(self, root):
+        """CRIU restored the tree of root: its group under a restore journal (restore.journal_group),
+        made once; -> (group, journal)."""
+        if self._journaled is None:
+            self._journaled = restore.journal_group(self.record, root, self.options(), self.report,
+                                                    self.manifest)
+        return self._journaled
+
     def run(self, root):
         """The tree of root runs (CRIU restored it): its GPU state back; -> the summary."""
+        group, journal = self.journal(root)
+        group.report = self.report  # the holder's reporter of this request, not of the one before
         loading_ahead, self._loading_ahead = self._loading_ahead, None  # the run frees it
-        return restore.run(self.record, root, self.options(), report=self.report,
-                           manifest=self.manifest, loading_ahead=loading_ahead)
+        return restore.run(group, journal, loading_ahead)
+
+    def drop_journal_of_dead_tree(self):
+        """CRIU ended, or failed, after the journal was made: where none of its processes lives
+        any more (CRIU killed the tree it restored), the journal goes too; -> whether one stays
+        (processes that still run keep it: `criu-gpushare resume` brings their GPU state back)."""
+        if self._journaled is None:
+            return False
+        _, journal = self._journaled
+        if journal.processes_alive():
+            return True
+        journal.close()
+        return False
 
     def stop_loading_ahead(self):
         """A restore that failed before run(): the reading ahead stopped, its GPU memory freed."""
@@ -347,12 +370,21 @@ class Restore:
                                   self.settings.cache_limit).fetched
 
     @staticmethod
-    def run_saved(state, report):
-        """The hook's post-resume where no holder listens (a CRIU whose pre-restore ran another
-        program, or a holder that died before being asked): the GPU state of the restored tree
-        back from the image, in this process. state: what post-restore kept, {"images_dir": its
-        real path (CRIU has closed its own by post-resume), "root": the restored root}. -> the
-        summary, or None when the image holds no GPU state."""
+    def finish_without_holder(state, report, dead_holder=None):
+        """The hook's post-resume where no holder answers; state: what post-restore kept,
+        {"images_dir": the image's real path (CRIU has closed its own by post-resume), "root":
+        the restored root}; dead_holder: the key of a holder that closed the connection without an
+        answer (it died with the request), else None. Where the holder made the restored group's journal (at post-restore)
+        and was then killed or crashed, before or during this request, the work is finished from
+        the journal, as `criu-gpushare resume` would. One that died with the request and left no
+        journal had closed it, its work done. Where no holder made one (a CRIU whose pre-restore
+        ran another program), the GPU state comes back from the image here. -> the summary, or
+        None when the image holds no GPU state."""
+        journal = restore.journal_of_tree(state["root"])
+        if journal is not None:
+            return resuming.take_over(journal, load_settings(), report, dead_holder)["result"]
+        if dead_holder is not None:
+            return resuming.closed_without_reply(dead_holder, [state["root"]])["result"]
         job = Restore(state["images_dir"], load_settings(), report)
         if not job.read_record():
             return None
@@ -385,12 +417,21 @@ class _CriuRestoreWork(_CriuWork):
         return {"gpu_state": True}, True
 
     def on_event(self, report):
-        report("CRIU ended before its post-resume: no GPU state to bring back")
+        if self.job.drop_journal_of_dead_tree():
+            report("CRIU ended before its post-resume, and the processes it restored run: "
+                   "`criu-gpushare resume PID` (any of them) brings their GPU state back")
+        else:
+            report("CRIU ended before its post-resume: no GPU state to bring back")
         return False
 
     def handle(self, cmd, fields, report):
         if cmd == "post-restore":
-            return {"ring_pinned_ahead": self.job.gpus_checked()}, True
+            pinned = self.job.gpus_checked()
+            # The journal before any GPU step: a holder that dies from now on loses nothing, and
+            # post-resume finishes its work (finish_without_holder).
+            self.job.journal(fields["root"])
+            fault_point("post-restore")
+            return {"ring_pinned_ahead": pinned}, True
         if cmd == "post-resume":
             self.job.report = report
             self.job.gpus_checked()  # its verdict, should post-restore not have asked for it

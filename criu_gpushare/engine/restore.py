@@ -12,13 +12,15 @@
                       room to spare.
   load_ahead          then, where a GPU has room for a second copy, the store read into the tool's
                       own GPU memory in a thread (engine/ahead.py): the load copies from there.
-  run(rec, root)      post-resume (tasks running, their GPU work waiting at the shims' gates): the
+  journal_group       once CRIU restored the processes (the hook's holder: at post-restore): the
+                      group with its pids of now, under a journal of kind "restore".
+  run(group, journal) post-resume (tasks running, their GPU work waiting at the shims' gates): the
                       undo of the dump's steps, in a new process and maybe on another machine:
                       driver restore of every process, unlock, re-create, load, re-attach, reopen.
-                      It runs under a journal of kind "restore": a failure leaves the processes
-                      suspended (gates closed) and `criu-gpushare resume PID` retries it.
+                      A failure leaves the processes suspended (gates closed), and
+                      `criu-gpushare resume PID` retries it from the journal.
 """
-from ..errors import ImageError
+from ..errors import ImageError, ProcessError
 from ..gpu import driver as drv
 from ..gpu.copy_engine import CHUNK_SIZE, ring_size
 from ..gpu.memory import free_memory, pin_ahead, release_device
@@ -125,14 +127,35 @@ def load_ahead(rec, options, manifest, report=print):
     return ahead.start(Group.from_state(rec["group"], options, report, manifest=manifest), report)
 
 
-def run(rec, root_pid, options, report=print, manifest=None, loading_ahead=None):
-    """Bring the GPU state of a restored tree back with `options` (engine/steps.py Options; its
-    store and ref those of the dump's record unless the settings named another store); -> summary.
-    manifest: the one check_image() read in this process, whose chunks it found: neither is done again.
-    loading_ahead: what load_ahead() started. RestoreIncomplete on failure."""
+def journal_group(rec, root_pid, options, report=print, manifest=None):
+    """The restored tree's group (its pids those of now) and its journal of kind "restore", made
+    before any GPU step: from then on a process that dies doing the work loses nothing, and
+    `criu-gpushare resume`, or the hook's post-resume, finishes it (engine/resuming.py).
+    -> (group, journal). manifest: the one check_image() read in this process."""
     state = plan.remap_state(rec["group"], pid_map(rec, root_pid))
     group = Group.from_state(state, options, report, manifest=manifest)
     journal = jn.Journal.create("restore", group.pids, jn.SUSPENDED, options=options,
                                 group=group.state())
-    return resume_group(group, journal, verb="restore", checked=manifest is not None,
+    return group, journal
+
+
+def run(group, journal, loading_ahead=None):
+    """Bring the GPU state of a restored tree back: journal_group's group and journal, the group's
+    options those of the dump's record unless the settings named another store; -> summary.
+    loading_ahead: what load_ahead() started. RestoreIncomplete on failure."""
+    return resume_group(group, journal, verb="restore", checked=group.manifest is not None,
                         loading_ahead=loading_ahead)
+
+
+def journal_of_tree(root_pid):
+    """The journal that holds a process of root_pid's tree (a restore's, made by journal_group),
+    or None; None too when root_pid is gone."""
+    try:
+        tree = process_tree(root_pid)
+    except ProcessError:
+        return None
+    for pid in tree:
+        journal = jn.owner_of(pid)
+        if journal is not None:
+            return journal
+    return None

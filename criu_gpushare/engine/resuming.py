@@ -1,6 +1,7 @@
 """`resume` of a suspended group, from any of its pids: the group's holder does it when one lives;
 else, or when the holder dies with the request, this process finishes the work from the group's
-journal (engine/suspension.py's recover).
+journal (engine/suspension.py's recover). take_over does the same for the hook's post-resume
+when the restore's holder is gone.
 
 Apart from the engine on purpose. A resume through its holder needs the journal, the holder's
 socket and the settings, nothing more: the engine, the store and the GPU bindings are most of a
@@ -50,7 +51,25 @@ def resume(pids, settings, report=print, mark=_no_mark):
             return final
         asked, journal = journal, jn.owner_of(journal.pids[0])  # as the dead holder left it
         if journal is None:
-            return _closed_without_reply(asked)
+            return closed_without_reply(asked.key, asked.pids)
+    return _recover(journal, settings, report)
+
+
+def take_over(journal, settings, report=print, holder_key=None):
+    """Finish the work of a journal whose worker ended without an answer, or is ending (the hook's
+    post-resume, where the restore's holder died; holder_key: its key, where not the group's): once
+    that worker is gone (HOLDER_EXIT_S at most), here, from the journal; -> the final object."""
+    if not _gone_within(journal, HOLDER_EXIT_S):
+        raise ProcessError(journal.key, f"criu-gpushare process {journal.data['worker']['pid']} is "
+                           f"working on its group now ({journal.kind}, {journal.state}); wait for it")
+    ended, journal = journal, jn.owner_of(journal.pids[0])  # as it left it
+    if journal is None:
+        return closed_without_reply(holder_key or ended.key, ended.pids)
+    return _recover(journal, settings, report)
+
+
+def _recover(journal, settings, report):
+    """The journal's work finished in this process (its worker is gone)."""
     from . import dump, suspension  # no holder: the work is this process's
     # a dump's journal: the ref of a dump CRIU did not finish is dropped (engine/dump.py)
     on_recovered = dump.forget_if_failed if journal.kind == "dump" else None
@@ -92,9 +111,9 @@ def _gone_within(journal, seconds):
     return True
 
 
-def _closed_without_reply(journal):
-    """The holder closed the group's journal, its resume done (it closes it on success only), and
-    ended before its reply."""
+def closed_without_reply(key, pids):
+    """The holder of `key` closed the group's journal, its work done (it closes it on success
+    only), and ended before its reply; -> the final object."""
     return {"event": "done", "ok": True, "result": results.nothing_moved(
-        "resumed", journal.pids, f"its holder ended before it replied, once the group ran again (its "
-                                 f"log: {holder.log_path(journal.key)})")}
+        "resumed", pids, f"its holder ended before it replied, once the group ran again (its "
+                         f"log: {holder.log_path(key)})")}

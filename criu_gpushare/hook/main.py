@@ -131,27 +131,43 @@ def post_restore(action):
         return 0
     try:
         verdict = holder.outcome(holder.ask(holder.criu_restore_key(_criu_pid()), "post-restore",
-                                            on_progress=lambda m: _say(action, m)),
+                                            on_progress=lambda m: _say(action, m), root=_init_pid()),
                                  "CRIU kills the restored tasks: nothing of the tree runs")
     except holder.NoHolder:
         verdict = {}  # pre-restore ran another program: post-resume works from the image
+    except Error:
+        _drop_journal_of(_init_pid())  # CRIU kills the tree it restored: the journal goes with it
+        raise
     if verdict.get("ring_pinned_ahead"):
         _say(action, "the load's ring was pinned while CRIU restored the processes")
     statedir.write_json(_restore_state(), {"images_dir": images_dir, "root": _init_pid()})
     return 0
 
 
+def _drop_journal_of(root):
+    """The journal the holder made for the restored tree at post-restore, removed."""
+    from ..engine.restore import journal_of_tree
+    made = journal_of_tree(root)
+    if made is not None:
+        made.close()
+
+
 def _gpu_state_back(state, report):
     """By the holder that pre-restore started (its context, ring and checked manifest ready), or
-    here from the image where none listens (a CRIU whose pre-restore ran another program, a holder
-    that died before being asked). -> the summary; None when the image holds no GPU state."""
+    here where none answers (engine/jobs.py Restore.finish_without_holder): from the journal the
+    holder made at post-restore, if it died since or with this request; from the image, if no
+    holder ran. -> the summary; None when the image holds no GPU state."""
+    key = holder.criu_restore_key(_criu_pid())
     try:
-        final = holder.ask(holder.criu_restore_key(_criu_pid()), "post-resume", on_progress=report,
-                           root=state["root"])
+        final = holder.ask(key, "post-resume", on_progress=report, root=state["root"])
     except holder.NoHolder:
-        from ..engine import jobs
-        return jobs.Restore.run_saved(state, report)
-    return holder.outcome(final)
+        dead_holder = None
+    except ProcessError:  # it closed the connection without an answer: it died with the request
+        dead_holder = key
+    else:
+        return holder.outcome(final)
+    from ..engine import jobs
+    return jobs.Restore.finish_without_holder(state, report, dead_holder)
 
 
 def post_resume(action):
@@ -168,7 +184,8 @@ def post_resume(action):
                      f"complete, whatever CRIU reports): {e}. `criu-gpushare status {root}` shows "
                      f"it; fix the cause, then `criu-gpushare resume {root}`", e.exit_code) from e
     if summary is not None:
-        _say(action, f"GPU state of {len(summary['pids'])} process(es) is back: {_phases(summary['phases'])}")
+        _say(action, f"GPU state of {len(summary['pids'])} process(es) is back: "
+                     + (_phases(summary["phases"]) if "phases" in summary else summary.get("note", "")))
     return 0
 
 

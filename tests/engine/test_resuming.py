@@ -106,3 +106,45 @@ def test_a_holder_that_dies_with_the_request_leaves_the_resume_to_this_command(s
     else:  # finished here from the journal (made before any plan: nothing had been changed)
         assert final["result"]["note"] == "nothing had been changed"
     assert jn.owner_of(sleeper.pid) is None
+
+
+class DiesWithItsOwnKey(DiesWithTheRequest):
+    """A holder whose socket is not keyed by its group (the hook's restore holder is keyed by
+    CRIU's pid): it dies with any request, having closed the journal first or not."""
+
+    def __init__(self, journal, closed_first):
+        super().__init__(journal, closed_first)
+        self.key = "restore-999999"
+
+
+@pytest.mark.parametrize("closed_first", [False, True])
+def test_take_over_finishes_the_journal_of_a_holder_that_died_with_a_request(sleeper, closed_first):
+    """The hook's post-resume when the restore's holder died with its request: take_over waits for
+    it to be gone, then finishes its work from the journal, or finds it done."""
+    journal = jn.Journal.create("restore", [sleeper.pid], jn.SUSPENDED, store="s", ref="r")
+    assert holder.start(DiesWithItsOwnKey(journal, closed_first), on_progress=lambda m: None)["ok"]
+    with pytest.raises(ProcessError, match="without an answer"):
+        holder.ask("restore-999999", "post-resume")
+    final = resuming.take_over(journal, load_settings({}, NO_CONFIG), holder_key="restore-999999")
+    assert final["ok"], final
+    if closed_first:
+        assert final["result"]["note"].startswith("its holder ended before it replied, once the group ran")
+        assert "holder-restore-999999.log" in final["result"]["note"]
+    else:
+        assert final["result"]["note"] == "nothing had been changed"
+    assert jn.owner_of(sleeper.pid) is None
+
+
+def test_take_over_leaves_a_journal_whose_worker_lives_on(sleeper, monkeypatch):
+    member = subprocess.Popen(["sleep", "60"])
+    try:
+        journal = jn.Journal.create("restore", [member.pid], jn.SUSPENDED, store="s", ref="r")
+        journal.set(worker={"pid": sleeper.pid, "started": statedir.start_time(sleeper.pid)})
+        monkeypatch.setattr(resuming, "HOLDER_EXIT_S", 0.1)
+        with pytest.raises(ProcessError, match=f"criu-gpushare process {sleeper.pid} is working on "
+                                               r"its group now \(restore, suspended\); wait for it"):
+            resuming.take_over(journal, load_settings({}, NO_CONFIG))
+        assert jn.owner_of(member.pid).state == jn.SUSPENDED  # untouched
+    finally:
+        member.kill()
+        member.wait()

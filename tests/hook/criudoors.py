@@ -12,8 +12,11 @@ from criuwork import reap, values, write
 HOOK = shutil.which("criu-gpushare-hook")
 
 
-def _tool_env(env, fault):
-    return dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}))
+def _tool_env(env, fault, once=None):
+    """The tool's environment with CRIU_GPUSHARE_FAULT=fault; once: a path that makes it fire in
+    the first process that reaches it only (engine/faults.py)."""
+    return dict(env["tool"], **({"CRIU_GPUSHARE_FAULT": fault} if fault else {}),
+                **({"CRIU_GPUSHARE_FAULT_ONCE": str(once)} if once else {}))
 
 
 def cli(env, *args, timeout=180, fault=None):
@@ -26,8 +29,8 @@ def hook_argv(criu, args, images, log):
     return [criu, *map(str, args), "-D", str(images), "--action-script", HOOK, "-o", log]
 
 
-def criu_run(criu, env, args, images, log, fault=None):
-    return subprocess.run(hook_argv(criu, args, images, log), env=_tool_env(env, fault),
+def criu_run(criu, env, args, images, log, fault=None, once=None):
+    return subprocess.run(hook_argv(criu, args, images, log), env=_tool_env(env, fault, once),
                           capture_output=True, text=True, timeout=180)
 
 

@@ -108,23 +108,32 @@ def test_pre_dump_fails_closed_when_it_cannot_see_a_process():
     assert got.startswith("ProcessError") and "permission denied" in got, got
 
 
-def test_post_resume_asks_the_restore_holder_or_works_from_the_image_where_none_listens(
+def test_post_resume_asks_the_restore_holder_or_finishes_the_work_where_none_answers(
         tmp_path, monkeypatch):
-    """A CRIU whose pre-restore ran another program (or whose holder died before being asked):
-    post-resume brings the GPU state back itself, from the image post-restore named; with a
-    holder, the holder does it, and its failure is the action's, saying how to finish."""
+    """A CRIU whose pre-restore ran another program, or whose holder died before being asked or
+    with the request: post-resume finishes the work itself (engine/jobs.py, from the holder's
+    journal or from the image post-restore named), told whether the holder died with it; with a
+    holder that answers, the holder does it, and its failure is the action's, saying how to finish."""
     from criu_gpushare.engine import holder, jobs, statedir
-    from criu_gpushare.errors import Failed
+    from criu_gpushare.errors import Failed, ProcessError
     from criu_gpushare.hook import main as hook
     monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(tmp_path))
     monkeypatch.setattr(hook, "_criu_pid", lambda: 999999)
     ran = []
-    monkeypatch.setattr(jobs.Restore, "run_saved", staticmethod(
-        lambda state, report: ran.append(state) or {"pids": [state["root"]], "phases": {}}))
+    monkeypatch.setattr(jobs.Restore, "finish_without_holder", staticmethod(
+        lambda state, report, dead_holder: ran.append((state, dead_holder))
+        or {"pids": [state["root"]], "phases": {}}))
     state = {"images_dir": str(tmp_path / "images"), "root": 4242}
     statedir.write_json("restore-999999.json", state)
+    assert hook.post_resume("post-resume") == 0  # no holder listens
+    assert ran == [(state, None)] and statedir.read_json("restore-999999.json") is None
+
+    def dies(key, cmd, on_progress, **fields):
+        raise ProcessError(key, "the holder closed the connection without an answer")
+    monkeypatch.setattr(holder, "ask", dies)
+    statedir.write_json("restore-999999.json", state)
     assert hook.post_resume("post-resume") == 0
-    assert ran == [state] and statedir.read_json("restore-999999.json") is None
+    assert ran[1:] == [(state, "restore-999999")]
 
     asked = []
     monkeypatch.setattr(holder, "ask", lambda key, cmd, on_progress, **fields: asked.append(
@@ -132,7 +141,7 @@ def test_post_resume_asks_the_restore_holder_or_works_from_the_image_where_none_
     statedir.write_json("restore-999999.json", state)
     with pytest.raises(Failed) as e:
         hook.post_resume("post-resume")
-    assert asked == [("restore-999999", "post-resume", {"root": 4242})] and len(ran) == 1
+    assert asked == [("restore-999999", "post-resume", {"root": 4242})] and len(ran) == 2
     assert e.value.exit_code == 15 and "load failed" in str(e.value)
     assert "criu-gpushare resume 4242" in str(e.value)
 

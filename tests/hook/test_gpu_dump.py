@@ -20,7 +20,7 @@ import benchlib as bl  # noqa: E402  (how the bench reads a hooked CRIU run's lo
 from shimtest import REAL_DRIVER, fake_only  # noqa: E402
 
 from criudoors import (HOOK, assert_back, assert_nothing_restored, cli, criu_run, dumped, hook_dump,
-                       hook_dumped, state_of, wait_gone)
+                       hook_dumped, state_files, state_of, wait_gone)
 from criuwork import SockWorkload, kill_tree, reap, share, start_tree, values, write
 from interrupts import interrupt, paused_env, wait_until
 from phasecheck import TICK_S, assert_phases_cover, timed_cli
@@ -360,6 +360,42 @@ def test_the_hook_killed_at_post_resume_is_recovered_by_resume(env, tree, tmp_pa
     assert "(restore of group" in status.stdout, status.stdout
     r = cli(env, "resume", a.pid)
     assert r.returncode == 0, r.stderr
+    assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_a_restore_holder_killed_at_post_resume_leaves_the_hook_to_finish(env, tree, tmp_path, criu):
+    """The restore's holder dies in the load (as a crash would): the hook's post-resume finishes
+    the work from the journal the holder made at post-restore, and the tree runs with its GPU
+    state, no command needed."""
+    parent, a, b = tree
+    images = hook_dumped(criu, env, tree, tmp_path)
+    fired = tmp_path / "fired"
+    r = criu_run(criu, env, ["restore", "-d"], images, "restore.log", "load:kill", once=fired)
+    log = (images / "restore.log").read_text()
+    assert r.returncode == 0, log[-3000:]
+    assert fired.exists(), "the fault never fired: the holder was not killed"
+    assert "resuming from its journal" in log and "is back" in log, log[-3000:]
+    a.wait_ready()
+    assert_back(env, a, b)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_a_restore_holder_killed_at_post_restore_fails_the_restore_and_loses_nothing(env, tree,
+                                                                                  tmp_path, criu):
+    """Killed at post-restore, its journal made: CRIU kills the tree it restored, the journal goes
+    with it, and the image restores again."""
+    parent, a, b = tree
+    images = hook_dumped(criu, env, tree, tmp_path)
+    r = criu_run(criu, env, ["restore", "-d"], images, "restore.log", "post-restore:kill")
+    log = (images / "restore.log").read_text()
+    assert r.returncode != 0 and "closed the connection without an answer" in log, log[-3000:]
+    reap([parent.pid])  # CRIU killed the tree it restored; the root's zombie first, then theirs
+    assert_nothing_restored(a, b)
+    assert not state_files(env), "the journal made at post-restore outlived the restore"
+    r = criu_run(criu, env, ["restore", "-d"], images, "restore-again.log")
+    assert r.returncode == 0, (images / "restore-again.log").read_text()[-3000:]
+    a.wait_ready()
     assert_back(env, a, b)
 
 
