@@ -95,8 +95,8 @@ def ask(key, cmd, on_progress=print, **fields):
 
 
 class Work:
-    """What a holder runs (engine/suspension.py's SuspendWork, engine/jobs.py's _CriuDumpWork and
-    _CriuRestoreWork)."""
+    """What a holder runs (engine/suspension.py's SuspendWork, engine/jobs.py's _CriuDumpWork,
+    engine/restore_holder.py's RestoreHolder)."""
 
     key = 0
     pids = ()
@@ -128,6 +128,20 @@ class Work:
 
     def on_tick(self, report):  # -> keep_running: bool
         return True
+
+
+class CriuWork(Work):
+    """A holder for one CRIU run by the hook: it watches that CRIU process (on_event: it ended)."""
+
+    def __init__(self, criu_pid):
+        self.criu_pid = criu_pid
+        self.criu_fd = None
+
+    def watch_criu(self):
+        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
+
+    def watched_fd(self):
+        return self.criu_fd
 
 
 def start(work, on_progress=print, cancellable=False):

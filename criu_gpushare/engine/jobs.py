@@ -9,11 +9,9 @@ setting names one, is the one its dump recorded in the image. A run's options (e
 Options) are made from the settings here only, and kept whole in its journal and, for a dump, in
 the image's record.
 """
-import concurrent.futures
 import contextlib
 import os
 import shutil
-import threading
 import time
 
 from ..criu import images, libdir, rpc
@@ -21,7 +19,7 @@ from ..errors import Cancelled, Error, Interrupted, ProcessError
 from ..shimctl.processes import process_tree, uses_cuda
 from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
                resuming, suspension)
-from .faults import fault_point
+from .inthread import InThread
 from .settings import load_settings
 from .steps import Options
 
@@ -130,7 +128,7 @@ class Dump:
                 criu_ok = False
                 # The GPU steps need nothing of CRIU's before its pre-dump (which comes before it
                 # seizes any task): they run while CRIU starts, and pre-dump waits for them.
-                gpu_out = _InThread(job.begin, "gpu-out")
+                gpu_out = InThread(job.begin, "gpu-out")
                 try:
                     with _criu_request(criu) as options:
                         rpc.dump(images_dir, pid, options, on_notify, on_worker=watch.criu_started)
@@ -166,26 +164,13 @@ class Dump:
         return holder.start(_CriuDumpWork(self.job, criu_pid), on_progress=report)
 
 
-class _CriuWork(holder.Work):
-    """A holder for one CRIU run by the hook: it watches that CRIU process (on_event: it ended)."""
-
-    def __init__(self, job, criu_pid):
-        self.job, self.criu_pid = job, criu_pid
-        self.criu_fd = None
-
-    def watch_criu(self):
-        self.criu_fd = os.pidfd_open(self.criu_pid)  # before the work: CRIU waits for us anyway
-
-    def watched_fd(self):
-        return self.criu_fd
-
-
-class _CriuDumpWork(_CriuWork):
+class _CriuDumpWork(holder.CriuWork):
     """The holder of one CRIU dump run by the hook: its GPU steps, then a watch on the CRIU
     process."""
 
     def __init__(self, job, criu_pid):
-        super().__init__(job, criu_pid)
+        super().__init__(criu_pid)
+        self.job = job
         # the journal's key: `resume PID` of any process of the tree finds this holder
         self.key, self.pids = job.key, job.pids
 
@@ -217,7 +202,7 @@ class _CriuDumpWork(_CriuWork):
 
 class Restore:
     """The restore of images_dir: by CRIU's RPC in this process (run_criu), or the GPU side only
-    for CRIU that runs the hook (in a holder its pre-restore starts and its post-resume asks;
+    for CRIU that runs the hook (in the holder its pre-restore starts, engine/restore_holder.py;
     finish_without_holder where none answers)."""
 
     def __init__(self, images_dir, settings, report=print):
@@ -247,21 +232,12 @@ class Restore:
                 self._loading_ahead = restore.load_ahead(self.record, self.options(), self.manifest,
                                                          self.report)
             return pinned
-        self._gpus = _InThread(check_and_prepare, "gpu-check")
+        self._gpus = InThread(check_and_prepare, "gpu-check")
 
     def gpus_checked(self):
         """At CRIU's post-restore: the GPU check's verdict, waited for. A refusal (ImageError) is
         raised, so CRIU kills what it restored; -> whether the load's ring is pinned ahead."""
         return self._gpus.result()
-
-    def has_gpu_state(self):
-        """Without CUDA (the hook's pre-restore, before it forks a holder): whether the image may
-        hold GPU state to bring back. An image with libcuda mappings but no record counts:
-        check_image() refuses it."""
-        try:
-            return bool(image_record.read(self.images_dir)["gpu_state"])
-        except image_record.RecordMissing:
-            return images.maps_libcuda(self.images_dir)
 
     def read_record(self):
         """The image's record, read without check_image() (the hook's post-resume where no holder
@@ -353,13 +329,21 @@ class Restore:
         summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
         return summary
 
-    def start_holder(self, criu_pid, report):
-        """The hook's pre-restore: check the image and the store, warm the cache and start the
-        GPU check in a holder that then waits, watching CRIU (pid criu_pid), for post-restore to
-        ask for the GPU check's verdict and post-resume for the rest: the GPU side then runs in a
-        process whose context, ring and manifest are ready, as in the wrapper's restore. -> the
-        holder's final object."""
-        return holder.start(_CriuRestoreWork(self, criu_pid), on_progress=report)
+    def check_ahead(self, report):
+        """The hook's restore holder, while CRIU restores the processes: the image and the store
+        checked (check_image), the node cache filled, then the GPU check started (check_gpus_ahead);
+        -> whether there is GPU state to bring back. report: where the lines for CRIU's log go."""
+        self.report = report
+        if not self.check_image():
+            return False
+        fetched = self.warm_cache()
+        if fetched is not None:
+            report(f"node cache {self.settings.cache}: {fetched} chunk(s) fetched")
+        rec = self.record
+        report(f"image {self.images_dir}: GPU state of {len(rec['processes'])} process(es) in "
+               f"{self.store or rec['store']} ({rec['ref']}), every chunk present")
+        self.check_gpus_ahead()
+        return True
 
     def warm_cache(self):
         """The hook's pre-restore: the node cache filled with what the restore will read; -> the
@@ -389,89 +373,3 @@ class Restore:
         if not job.read_record():
             return None
         return job.run(state["root"])
-
-
-class _CriuRestoreWork(_CriuWork):
-    """The holder of one CRIU restore run by the hook: pre-restore's check of the image and the
-    store; the GPU check and the ring's pinning while CRIU restores (CUDA starts here, never in the
-    hook's process), their verdict for post-restore; then post-resume's GPU side. It ends with
-    that, or when CRIU ends first (a restore that failed in between: nothing of ours ran)."""
-
-    def __init__(self, job, criu_pid):
-        super().__init__(job, criu_pid)
-        self.key = holder.criu_restore_key(criu_pid)
-
-    def begin(self, report):
-        self.watch_criu()
-        job = self.job
-        job.report = report
-        if not job.check_image():
-            return {"gpu_state": False}, False
-        fetched = job.warm_cache()
-        if fetched is not None:
-            report(f"node cache {job.settings.cache}: {fetched} chunk(s) fetched")
-        rec = job.record
-        report(f"image {job.images_dir}: GPU state of {len(rec['processes'])} process(es) in "
-               f"{job.store or rec['store']} ({rec['ref']}), every chunk present")
-        job.check_gpus_ahead()
-        return {"gpu_state": True}, True
-
-    def on_event(self, report):
-        if self.job.drop_journal_of_dead_tree():
-            report("CRIU ended before its post-resume, and the processes it restored run: "
-                   "`criu-gpushare resume PID` (any of them) brings their GPU state back")
-        else:
-            report("CRIU ended before its post-resume: no GPU state to bring back")
-        return False
-
-    def handle(self, cmd, fields, report):
-        if cmd == "post-restore":
-            pinned = self.job.gpus_checked()
-            # The journal before any GPU step: a holder that dies from now on loses nothing, and
-            # post-resume finishes its work (finish_without_holder).
-            self.job.journal(fields["root"])
-            fault_point("post-restore")
-            return {"ring_pinned_ahead": pinned}, True
-        if cmd == "post-resume":
-            self.job.report = report
-            self.job.gpus_checked()  # its verdict, should post-restore not have asked for it
-            return self.job.run(fields["root"]), False
-        raise ProcessError(self.key, f"unknown holder command {cmd!r}")
-
-    def stays_after_failure(self, error):
-        # A failed restore is in its journal, which `resume` works from; staying would hold this
-        # context and ring for as long as CRIU runs (without -d, the life of the restored tree).
-        return False
-
-
-class _InThread:
-    """fn() in a thread started now; result() waits for it, then returns its value or raises what
-    it raised."""
-
-    def __init__(self, fn, name):
-        self._future = concurrent.futures.Future()
-        self.delivered = False  # whether result() has returned fn's value or raised its exception
-
-        def run():
-            try:
-                self._future.set_result(fn())
-            except BaseException as e:  # noqa: BLE001 - handed to whoever waits
-                self._future.set_exception(e)
-
-        threading.Thread(target=run, name=name, daemon=True).start()
-
-    def result(self):
-        try:
-            return self._future.result()
-        finally:
-            self.delivered = self._future.done()  # not when a Ctrl-C broke off the wait
-
-    def outcome(self, report):
-        """result(), or None once what it raised is reported: for a caller already failing for a
-        reason of its own, which comes first."""
-        try:
-            return self.result()
-        except BaseException as e:  # noqa: BLE001 - reported; the caller's own failure propagates
-            report(f"warning: {e}")
-            return None
-

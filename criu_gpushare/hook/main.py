@@ -108,13 +108,15 @@ def _restore_state():
 
 
 def pre_restore(action):
-    from ..engine import jobs
+    """CRIU restores nothing until this returns: it only forks the restore's holder, which checks
+    the image, the store and the GPUs while CRIU restores (engine/restore_holder.py)."""
+    from ..engine import restore_holder
     from ..engine.settings import load_settings
-    job = jobs.Restore(_images_dir(), load_settings())
-    if not job.has_gpu_state():
+    images_dir = _images_dir()
+    if not restore_holder.has_gpu_state(images_dir):
         return 0  # nothing of ours in this image: no holder
-    holder.outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
-                   "CRIU restores nothing")
+    work = restore_holder.RestoreHolder(images_dir, load_settings(), _criu_pid())
+    holder.outcome(holder.start(work, on_progress=lambda m: _say(action, m)), "CRIU restores nothing")
     return 0
 
 

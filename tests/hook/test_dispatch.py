@@ -1,5 +1,6 @@
 """`criu-gpushare-hook` as CRIU runs it: no arguments, the action in CRTOOLS_SCRIPT_ACTION; the
 actions it does not use, and the ones it uses on a tree without CUDA, let CRIU proceed."""
+import json
 import os
 import subprocess
 import sys
@@ -144,6 +145,41 @@ def test_post_resume_asks_the_restore_holder_or_finishes_the_work_where_none_ans
     assert asked == [("restore-999999", "post-resume", {"root": 4242})] and len(ran) == 2
     assert e.value.exit_code == 15 and "load failed" in str(e.value)
     assert "criu-gpushare resume 4242" in str(e.value)
+
+
+def test_pre_restore_forks_its_holder_and_imports_none_of_the_jobs(tmp_path, monkeypatch):
+    """CRIU restores nothing until pre-restore returns: it reads the record and forks the holder,
+    importing none of the jobs; the holder checks the image, the store and the GPUs while CRIU
+    restores, and post-restore hears the verdict (here a refusal: the store is not there)."""
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "criu-gpushare.json").write_text(json.dumps(
+        {"format": 1, "gpu_state": True, "store": str(tmp_path / "no-store"), "ref": "r", "gpus": [],
+         "processes": [], "group": {}}))
+    run = tmp_path / "run"
+    criu = subprocess.Popen(["sleep", "60"])  # stands for CRIU: the holder watches it
+    try:
+        probe = f"""
+import os, sys
+os.environ.update(CRTOOLS_SCRIPT_ACTION="pre-restore", CRTOOLS_IMAGE_DIR={str(images)!r},
+                  CRIU_GPUSHARE_RUN_DIR={str(run)!r}, CRIU_GPUSHARE_CONFIG=os.devnull)
+from criu_gpushare.hook import main as hook
+hook._criu_pid = lambda: {criu.pid}
+assert hook.main() == 0
+print(sorted(m for m in sys.modules if m.startswith(("criu_gpushare.engine.jobs", "criu_gpushare.store",
+             "criu_gpushare.criu", "criu_gpushare.gpu", "criu_gpushare.shimctl", "cuda", "psutil"))
+             and m not in ("criu_gpushare.gpu", "criu_gpushare.gpu.devices")))  # the settings' GPU map
+"""
+        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout == "[]\n", r.stdout
+        from criu_gpushare.engine import holder
+        monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(run))
+        final = holder.ask(f"restore-{criu.pid}", "post-restore", on_progress=lambda m: None, root=4242)
+        assert not final["ok"] and "no-store" in final["message"], final
+    finally:
+        criu.kill()
+        criu.wait()
 
 
 def test_post_restore_and_a_post_resume_a_holder_serves_import_none_of_the_jobs(tmp_path):

@@ -116,7 +116,7 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
 
 @pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
 def test_the_hooks_restore_holder_pins_the_ring_and_loads_ahead_while_criu_restores(env, tree, tmp_path, criu):
-    """pre-restore starts a holder that checks the image and the store and, while CRIU restores,
+    """pre-restore starts a holder that, while CRIU restores, checks the image, the store and
     the GPUs, then with room to spare pins the load's ring and reads the store into GPU memory of
     its own; post-restore hears that the check
     passed; post-resume has it bring the GPU state back (no cuInit, no ring, no
