@@ -7,6 +7,7 @@ import re
 import pytest
 
 from criu_gpushare.engine import jobs
+from criu_gpushare.engine.inthread import InThread
 from criu_gpushare.engine.settings import load_settings
 from criu_gpushare.engine.steps import Options
 from criu_gpushare.errors import ProcessError
@@ -117,25 +118,25 @@ def test_a_restore_that_fails_before_its_gpu_steps_stops_what_it_loads_ahead(mon
 
 
 def test_work_in_a_thread_is_handed_over_once_and_never_lost():
-    """engine/jobs.py _InThread, on which `criu-gpushare dump` runs its GPU steps while CRIU
+    """engine/inthread.py InThread, on which `criu-gpushare dump` runs its GPU steps while CRIU
     starts: its value or its exception reaches the caller; a wait broken off (a Ctrl-C) leaves it
     undelivered, so the caller's cleanup still takes it (and undoes what it did)."""
     import threading
-    done = jobs._InThread(lambda: 7, "t")
+    done = InThread(lambda: 7, "t")
     assert done.result() == 7 and done.delivered
 
     def fails():
         raise ProcessError(1, "failed in its thread")
-    failed = jobs._InThread(fails, "t")
+    failed = InThread(fails, "t")
     with pytest.raises(ProcessError, match="failed in its thread"):
         failed.result()
     assert failed.delivered
     said = []
-    assert jobs._InThread(fails, "t").outcome(said.append) is None
+    assert InThread(fails, "t").outcome(said.append) is None
     assert said and "failed in its thread" in said[0]
 
     release = threading.Event()
-    slow = jobs._InThread(lambda: release.wait(30) and "undone later", "t")
+    slow = InThread(lambda: release.wait(30) and "undone later", "t")
     slow._future.result = lambda *a: (_ for _ in ()).throw(KeyboardInterrupt())  # the Ctrl-C
     with pytest.raises(KeyboardInterrupt):
         slow.result()
