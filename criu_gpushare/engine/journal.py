@@ -12,8 +12,8 @@ State files (engine/statedir.py), for a group keyed by its lowest pid K:
 
 A step is recorded as done before it runs, so a run killed half-way through a step is undone as if
 the step had finished (every undo tolerates a step that did only part of its work). A claim whose
-process has gone (a different start time) or whose journal is missing is stale and is removed. The
-journals decide who holds a process (owner_of); a state file that is not whole, not a regular file
+process has gone (a different start time) or whose journal is missing is stale and is removed, and
+so is a journal whose processes have all exited with no process working on it. The journals decide who holds a process (owner_of); a state file that is not whole, not a regular file
 or not ours is refused with StateFileError, naming it.
 """
 import os
@@ -95,6 +95,13 @@ class Journal:
     def processes_alive(self):
         """The pids of the group that are still the processes the journal names."""
         return [p for p in self.pids if statedir.same_process(p, self.data["started"][str(p)])]
+
+    def abandoned(self):
+        """Nothing is left to finish or undo: every process of the group has exited and no process
+        works on it (a holder that died with its group; a restore whose CRIU failed, killing the
+        tree, after its journal was made)."""
+        w = self.data.get("worker") or {}
+        return not statedir.same_process(w.get("pid"), w.get("started")) and not self.processes_alive()
 
     def close(self):
         """The group is running and free again: drop the claims, then the journal."""
@@ -180,7 +187,9 @@ def owner_of(pid):
 
 
 def all_journals():
-    """(every journal, a StateFileError for each journal file that cannot be trusted)."""
+    """(every journal, a StateFileError for each journal file that cannot be trusted). An
+    abandoned journal is removed as it is read, as a stale claim is: no pid can name its group
+    again, so nothing else would (the store's holds of it go stale by themselves)."""
     out, problems = [], []
     for name in statedir.names("journal-"):
         try:
@@ -188,6 +197,8 @@ def all_journals():
         except StateFileError as e:
             problems.append(e)
             continue
-        if journal:
+        if journal and journal.abandoned():
+            journal.close()
+        elif journal:
             out.append(journal)
     return out, problems

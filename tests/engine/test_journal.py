@@ -32,6 +32,31 @@ def test_a_claim_whose_process_is_gone_is_stale(run_dir):
     assert j.processes_alive() == []
 
 
+def _exited():
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p
+
+
+@pytest.mark.parametrize("live", [None, "worker", "process"])
+def test_a_journal_whose_processes_all_exited_with_no_worker_is_removed_when_read(run_dir, sleeper, live):
+    """No pid can name such a group again, so nothing else would remove it (status kept listing
+    it); one whose worker or one of whose processes lives stays."""
+    member, worker = _exited(), _exited()
+    pids = [member.pid] + ([sleeper.pid] if live == "process" else [])
+    started = {str(p): jn.statedir.start_time(p) for p in pids}
+    started[str(member.pid)] = 1  # it had started, and is gone
+    j = jn.Journal({"key": min(pids), "kind": "restore", "pids": pids, "started": started,
+                    "state": jn.SUSPENDED, "worker": {"pid": worker.pid, "started": 1}})
+    if live == "worker":
+        j.data["worker"] = {"pid": sleeper.pid, "started": jn.statedir.start_time(sleeper.pid)}
+    j.save()
+    journals, problems = jn.all_journals()
+    assert problems == []
+    assert [x.key for x in journals] == ([] if live is None else [j.key])
+    assert os.path.exists(os.path.join(run_dir, j.name)) is (live is not None)
+
+
 def test_the_journal_outlives_its_worker_and_reports_it_dead(sleeper):
     j = jn.Journal.create("suspend", [sleeper.pid], jn.SUSPENDING, store="/s", ref="r")
     j.set(group={"done": ["quiesce", "save"]})
