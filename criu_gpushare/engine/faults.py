@@ -3,8 +3,9 @@
 A point is a step name (the fault fires right after the step did its work, so its undo runs
 exactly as after a real failure), "copy" (inside save, after the first unit is in the store),
 "driver-restore" (inside restore, in place of the driver's restore call), "post-dump" (a dump
-marked complete at CRIU's post-dump) or "post-restore" (the hook's restore holder, its journal
-made at CRIU's post-restore, before it answers).
+marked complete at CRIU's post-dump), "post-restore" (a restore's journal made at CRIU's
+post-restore: in the hook's holder before it answers, in `restore` before CRIU goes on) or
+"pre-resume" (`restore` at CRIU's pre-resume).
 `<point>` raises the tool's error there; `<point>:kill` SIGKILLs this process there, as a crash
 would; `<point>:bug` raises an exception that is not the tool's (as a bug would); `<point>:pause`
 writes this process's pid to the file $CRIU_GPUSHARE_FAULT_PAUSE and waits there while that file

@@ -19,6 +19,7 @@ from ..errors import Cancelled, Error, Interrupted, ProcessError
 from ..shimctl.processes import process_tree, uses_cuda
 from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
                resuming, suspension)
+from .faults import fault_point
 from .inthread import InThread
 from .settings import load_settings
 from .steps import Options
@@ -269,14 +270,15 @@ class Restore:
         loading_ahead, self._loading_ahead = self._loading_ahead, None  # the run frees it
         return restore.run(group, journal, loading_ahead)
 
-    def drop_journal_of_dead_tree(self):
-        """CRIU ended, or failed, after the journal was made: where none of its processes lives
-        any more (CRIU killed the tree it restored), the journal goes too; -> whether one stays
-        (processes that still run keep it: `criu-gpushare resume` brings their GPU state back)."""
+    def drop_journal(self, unless_alive=False):
+        """The restore failed after the journal was made, and CRIU killed the tree it restored:
+        the journal goes too. unless_alive (CRIU ended, how is unknown): only where none of its
+        processes lives; -> whether one stays (processes that run keep it: `criu-gpushare
+        resume` brings their GPU state back)."""
         if self._journaled is None:
             return False
         _, journal = self._journaled
-        if journal.processes_alive():
+        if unless_alive and journal.processes_alive():
             return True
         journal.close()
         return False
@@ -302,11 +304,22 @@ class Restore:
                             "restored") from None
         gpu_state = self.record is not None
 
-        def on_notify(action, _pid):
+        tree_runs = []  # CRIU's pre-resume came: what follows, the tree runs on whatever fails
+
+        def on_notify(action, pid):
             if action == "post-restore":
                 clock.mark("criu restore (processes, host memory)")
                 self.gpus_checked()  # a refusal: CRIU kills what it restored
                 clock.mark("check (GPUs, while CRIU restored)")
+                # The journal before any GPU step: should this process die from now on, `resume`
+                # finishes the work (before pre-resume CRIU kills the tree, and the journal,
+                # abandoned, goes when next read).
+                self.journal(pid)
+                fault_point("post-restore")
+                clock.mark("journal (the restored pids)")
+            elif action == "pre-resume":
+                tree_runs.append(True)
+                fault_point("pre-resume")
 
         if gpu_state:
             self.check_gpus_ahead()
@@ -319,13 +332,15 @@ class Restore:
                 clock.mark("criu resume (tasks run)" if gpu_state else "criu restore (processes, host memory)")
             except BaseException:
                 self.stop_loading_ahead()
+                if not tree_runs:
+                    self.drop_journal()  # CRIU killed the tree it restored
                 raise
             summary = {"state": "restored", "pid": root, "pids": [], "seconds": {},
                        "gpu_state": gpu_state, "ring_pinned_ahead": gpu_state and self.gpus_checked()}
             if gpu_state:
                 summary.update(self.run(root))
                 summary["pid"] = root
-                clock.absorb(summary.get("phases", {}), "gpu back: plan, journal")
+                clock.absorb(summary.get("phases", {}), "gpu back: other")
         summary.update(phases=clock.result(), criu_stats=images.stats(images_dir, "restore"))
         return summary
 

@@ -62,7 +62,7 @@ class RestoreHolder(holder.CriuWork):
 
     def on_event(self, report):
         job = self._checked.outcome(report) if self._checked.done() else None
-        if job is not None and job.drop_journal_of_dead_tree():
+        if job is not None and job.drop_journal(unless_alive=True):
             report("CRIU ended before its post-resume, and the processes it restored run: "
                    "`criu-gpushare resume PID` (any of them) brings their GPU state back")
         else:

@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 import psutil
 import pytest
@@ -296,5 +297,56 @@ def test_a_restore_whose_gpu_lacks_memory_restores_nothing_until_there_is_room(e
     assert_absent(tree, env)
     r = door_restore(door, criu, env, images)
     assert r.returncode == 0, r.text[-3000:]
+    a.wait_ready()
+    assert_back(env, a, b)
+
+
+# -- the wrapper killed during a restore ---------------------------------------------------------
+
+
+def test_the_wrapper_killed_at_post_restore_leaves_nothing_and_the_image_restores_again(env, tree, tmp_path,
+                                                                                      criu):
+    """It made the journal, then died before CRIU let the tree run: CRIU, its answer lost, kills
+    the tree it restored; the journal, abandoned (no process of it, nobody working on it), goes
+    when the journals are next read; the same restore brings the tree back."""
+    parent, a, b = tree
+    images = dumped_through("wrapper", criu, env, tree, tmp_path)
+    reap([a.pid, b.pid])
+    r = cli(env, "restore", images, fault="post-restore:kill")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    reap([parent.pid, a.pid, b.pid])
+    status = cli(env, "status")  # reads the journals
+    assert status.returncode == 0, status.stderr
+    assert_absent(tree, env)
+    r = door_restore("wrapper", criu, env, images)
+    assert r.returncode == 0, r.text[-3000:]
+    a.wait_ready()
+    assert_back(env, a, b)
+
+
+def untraced(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return next(line for line in f if line.startswith("TracerPid:")).split()[1] == "0"
+
+
+def test_the_wrapper_killed_as_criu_lets_the_tree_run_leaves_resume_to_finish(env, tree, tmp_path, criu):
+    """It dies at CRIU's pre-resume, the journal made at post-restore: CRIU lets the tree go, its
+    checkpointed processes stopped (none runs on missing memory), and `criu-gpushare resume`
+    brings their GPU state back from the journal."""
+    parent, a, b = tree
+    images = dumped_through("wrapper", criu, env, tree, tmp_path)
+    reap([a.pid, b.pid])
+    r = cli(env, "restore", images, fault="pre-resume:kill")
+    assert r.returncode == -signal.SIGKILL, r.stderr
+    deadline = time.monotonic() + 30
+    # CRIU lets them go, stopped (the stop takes effect a moment after): their GPU state is not back
+    while not all(untraced(p.pid) and state_of(p.pid) == "T" for p in (a, b)):
+        assert time.monotonic() < deadline, (f"after its wrapper died, CRIU keeps the tree seized or "
+                                             f"lets it run: {state_of(a.pid)} {state_of(b.pid)}")
+        time.sleep(0.05)
+    status = cli(env, "status", a.pid)
+    assert "its GPU state is not back yet" in status.stdout, status.stdout
+    r = cli(env, "resume", a.pid)
+    assert r.returncode == 0 and "resuming from its journal" in r.stderr, r.stderr
     a.wait_ready()
     assert_back(env, a, b)

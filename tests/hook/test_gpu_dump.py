@@ -50,7 +50,7 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     r, wall = timed_cli(env["tool"], "restore", images, "--json")
     assert_phases_cover(r, wall, "tool start", "check (image, store)",
                         "criu restore (processes, host memory)", "check (GPUs, while CRIU restored)",
-                        "criu resume (tasks run)", "gpu back: plan, journal",
+                        "journal (the restored pids)", "criu resume (tasks run)", "gpu back: other",
                         "restore", "load", "load: open memory (fd, import, map)",
                         "load: GPU start (context, stream, hasher)", "load: pin the ring", "reopen")
     assert json.loads(r.stdout)["pid"] == parent.pid
