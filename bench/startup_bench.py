@@ -9,6 +9,9 @@ ignores; each command pays the same start before its first useful step. Cases:
   python     the bare interpreter (`python -c pass`): the floor under every other case
   cli-help   `criu-gpushare --help` (every command registered, none run)
   hook-skip  the hook for an action it ignores (CRTOOLS_SCRIPT_ACTION=network-lock)
+  pre-restore   the hook's pre-restore of an image of ours (a store that holds its ref), under a
+             shell that stands for CRIU: CRIU restores nothing until it returns; the holder it
+             starts checks while CRIU restores, and ends with that shell
   post-restore  the hook's post-restore of an image of ours (it keeps the image's path and the
              root pid for post-resume): the restored tree waits for it
   post-resume   the hook's post-resume with nothing to bring back: the start it pays before it asks
@@ -72,14 +75,44 @@ def suspended(pid):
     return prepare
 
 
-def cases(py, images_dir, member):
+def no_restore_holder(run_dir):
+    """Before each run of the pre-restore case: the holder of the run before it gone (it ends
+    with its stand-in CRIU, and would compete for the CPU)."""
+    def prepare(timeout_s=10.0):
+        deadline = time.monotonic() + timeout_s
+        while any(n.startswith("holder-restore-") and n.endswith(".sock") for n in os.listdir(run_dir)):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the pre-restore case's holder did not end with its CRIU")
+            time.sleep(0.01)
+    return prepare
+
+
+def restorable_image(run_dir):
+    """An image of ours with GPU state whose store holds its ref (a manifest of no process), as
+    pre-restore sees one; -> its directory."""
+    from criu_gpushare.store import Manifest, open_store
+    store_dir, images_dir = os.path.join(run_dir, "store"), os.path.join(run_dir, "restore-images")
+    with open_store(store_dir, create=True) as store:
+        session = store.begin_write("startup bench")
+        session.commit("bench", Manifest(processes=[]))
+    os.mkdir(images_dir)
+    with open(os.path.join(images_dir, "criu-gpushare.json"), "w") as f:
+        json.dump({"format": 1, "gpu_state": True, "store": store_dir, "ref": "bench", "gpus": [],
+                   "processes": [], "group": {"units": [], "members": []}}, f)
+    return images_dir
+
+
+def cases(py, images_dir, member, run_dir):
     """name -> (argv, environment added, what runs before each run or None)."""
     hook = "import sys; from criu_gpushare.hook.entry import main; sys.exit(main())"  # its entry point
     restored = {"CRTOOLS_IMAGE_DIR": images_dir, "CRTOOLS_INIT_PID": str(os.getpid())}
+    as_criu = ["sh", "-c", '"$0" -c "$1"; true', py, hook]  # the shell is the CRIU its holder watches
     return {
         "python": ([py, "-c", "pass"], {}, None),
         "cli-help": ([py, "-m", "criu_gpushare.cli", "--help"], {}, None),
         "hook-skip": ([py, "-c", hook], {"CRTOOLS_SCRIPT_ACTION": "network-lock"}, None),
+        "pre-restore": (as_criu, {"CRTOOLS_SCRIPT_ACTION": "pre-restore",
+                                  "CRTOOLS_IMAGE_DIR": restorable_image(run_dir)}, no_restore_holder(run_dir)),
         "post-restore": ([py, "-c", hook], dict(restored, CRTOOLS_SCRIPT_ACTION="post-restore"), None),
         # its own state directory, where post-restore's runs have left nothing to bring back
         "post-resume": ([py, "-c", hook], dict(restored, CRTOOLS_SCRIPT_ACTION="post-resume",
@@ -174,7 +207,7 @@ def run(args, member):
             json.dump({"format": 1, "gpu_state": False, "store": run_dir, "ref": "-", "gpus": [],
                        "processes": [], "group": {}}, f)
         results = {}
-        for name, (cmd, extra, prepare) in cases(args.python, images_dir, member).items():
+        for name, (cmd, extra, prepare) in cases(args.python, images_dir, member, run_dir).items():
             env = dict(base, **extra)
             time_once(cmd, env, prepare)  # warm the page cache and the bytecode cache: not counted
             runs = [time_once(cmd, env, prepare) for _ in range(args.runs)]
