@@ -29,12 +29,13 @@ def test_self_test_prints_a_table_and_writes_json(script, tmp_path):
 
 def test_startup_bench_times_every_case():
     """bench/startup_bench.py runs each entry point it names to a clean exit (it stops at the
-    first that fails), the hook's post-restore and post-resume included."""
+    first that fails), the hook's pre-restore, post-restore and post-resume included."""
     r = subprocess.run([sys.executable, str(BENCH / "startup_bench.py"), "--runs", "1", "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     results = json.loads(r.stdout)
-    assert set(results) == {"python", "cli-help", "hook-skip", "post-restore", "post-resume", "status", "resume"}
+    assert set(results) == {"python", "cli-help", "hook-skip", "pre-restore", "post-restore", "post-resume",
+                            "status", "resume"}
     assert all(case["median_ms"] > 0 for case in results.values()), results
 
 
