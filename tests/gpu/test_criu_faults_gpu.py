@@ -1,8 +1,9 @@
 """The GPU rows of the CRIU fault matrix (hooks/README.md, "Faults"). A restore onto a GPU without
 room for the memory that comes back. Another process holds all but 1 GiB of the GPU; the restore
-of a 2 GiB torch workload is refused before CRIU restores anything (the wrapper exits 12, the
-hook's pre-restore fails CRIU's restore; both name the GPU, what is needed and what is free), and
-nothing of the tree is left; once that process lets go, the same restore brings the tree back with
+of a 2 GiB torch workload is refused at CRIU's post-restore, the GPU check having run while CRIU
+restored the processes (the wrapper exits 12, the hook's post-restore fails CRIU's restore; both
+name the GPU, what is needed and what is free): CRIU kills what it restored, and nothing of the
+tree is left; once that process lets go, the same restore brings the tree back with
 its contents. And `criu-gpushare dump` SIGKILLed mid-dump: its watch gives the torch workload
 its GPU state back by itself. The fake driver's twin is tests/hook/test_criu_faults.py.
 """
