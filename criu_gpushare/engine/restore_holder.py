@@ -30,6 +30,8 @@ def has_gpu_state(images_dir):
 
 
 class RestoreHolder(holder.CriuWork):
+    """The work of the holder of the CRIU restore run by criu_pid (the module says what it does)."""
+
     def __init__(self, images_dir, settings, criu_pid):
         super().__init__(criu_pid)
         self.images_dir, self.settings = images_dir, settings
