@@ -314,7 +314,8 @@ class Restore:
                 # The journal before any GPU step: should this process die from now on, `resume`
                 # finishes the work (before pre-resume CRIU kills the tree, and the journal,
                 # abandoned, goes when next read).
-                self.journal(pid)
+                if pid:  # CRIU names the root here (else the journal is made once it returns)
+                    self.journal(pid)
                 fault_point("post-restore")
                 clock.mark("journal (the restored pids)")
             elif action == "pre-resume":
@@ -361,8 +362,8 @@ class Restore:
         return True
 
     def warm_cache(self):
-        """The hook's pre-restore: the node cache filled with what the restore will read; -> the
-        number of chunks fetched, or None without a cache."""
+        """The hook's restore holder, while CRIU restores: the node cache filled with what the
+        restore will read; -> the number of chunks fetched, or None without a cache."""
         if not self.settings.cache:
             return None
         return restore.warm_cache(self.record, self.store, self.settings.cache,
@@ -372,13 +373,13 @@ class Restore:
     def finish_without_holder(state, report, dead_holder=None):
         """The hook's post-resume where no holder answers; state: what post-restore kept,
         {"images_dir": the image's real path (CRIU has closed its own by post-resume), "root":
-        the restored root}; dead_holder: the key of a holder that closed the connection without an
-        answer (it died with the request), else None. Where the holder made the restored group's journal (at post-restore)
-        and was then killed or crashed, before or during this request, the work is finished from
-        the journal, as `criu-gpushare resume` would. One that died with the request and left no
-        journal had closed it, its work done. Where no holder made one (a CRIU whose pre-restore
-        ran another program), the GPU state comes back from the image here. -> the summary, or
-        None when the image holds no GPU state."""
+        the restored root}; dead_holder: the key of a holder that closed the connection without
+        an answer (it died with the request), else None. Where the holder made the restored
+        group's journal (at post-restore) and was then killed or crashed, before or during this
+        request, the work is finished from the journal, as `criu-gpushare resume` would. One that
+        died with the request and left no journal had closed it, its work done. Where no holder
+        made one (a CRIU whose pre-restore ran another program), the GPU state comes back from
+        the image here. -> the summary, or None when the image holds no GPU state."""
         journal = restore.journal_of_tree(state["root"])
         if journal is not None:
             return resuming.take_over(journal, load_settings(), report, dead_holder)["result"]

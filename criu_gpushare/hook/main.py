@@ -121,8 +121,9 @@ def pre_restore(action):
 
 
 def post_restore(action):
-    """The tasks are restored, not yet running: the GPU check that pre-restore's holder ran
-    meanwhile must have passed (else this fails and CRIU kills them). Then where post-resume
+    """The tasks are restored, not yet running: the checks that pre-restore's holder ran
+    meanwhile (the image, the store, the GPUs) must have passed, else this fails and CRIU kills
+    them; the holder has then made the group's journal. Then where post-resume
     finds the image (CRIU has closed its own path by then) and the root go into the state dir:
     now, not at pre-restore, since CRIU runs no action when it fails in between (a pid taken, a
     damaged image) and a state file written earlier would outlive that restore. Only for an image
