@@ -234,6 +234,29 @@ def test_restore_refuses_a_store_that_lost_a_chunk(env, tree, tmp_path):
     assert_nothing_restored(*tree[1:])
 
 
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_a_hooked_restore_refuses_a_store_that_lost_a_chunk_before_the_tree_runs(env, tree, tmp_path, criu):
+    """The holder checks the store while CRIU restores (pre-restore only starts it): post-restore
+    refuses, CRIU kills what it restored, nothing is left, and once the chunk is back the same
+    restore works."""
+    parent, a, b = tree
+    images = hook_dumped(criu, env, tree, tmp_path)
+    chunk = next(p for p in (tmp_path / "store" / "chunks").rglob("*") if p.is_file())
+    aside = tmp_path / "aside"
+    chunk.rename(aside)
+    r = criu_run(criu, env, ["restore", "-d"], images, "restore.log")
+    log = (images / "restore.log").read_text()
+    assert r.returncode != 0 and "post-restore:" in log and "cannot be read" in log, log[-3000:]
+    reap([parent.pid])  # CRIU killed the tree it restored; the root's zombie first, then theirs
+    assert_nothing_restored(a, b)
+    assert not state_files(env)
+    aside.rename(chunk)
+    r = criu_run(criu, env, ["restore", "-d"], images, "restore-again.log")
+    assert r.returncode == 0, (images / "restore-again.log").read_text()[-3000:]
+    a.wait_ready()
+    assert_back(env, a, b)
+
+
 def test_restore_refuses_a_corrupt_manifest(env, tree, tmp_path):
     images, out = dumped(env, tree, tmp_path)
     manifest = next((tmp_path / "store" / "manifests").rglob("*.json"))
