@@ -36,4 +36,3 @@ class InThread:
         except BaseException as e:  # noqa: BLE001 - reported; the caller's own failure propagates
             report(f"warning: {e}")
             return None
-

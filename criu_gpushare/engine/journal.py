@@ -13,8 +13,9 @@ State files (engine/statedir.py), for a group keyed by its lowest pid K:
 A step is recorded as done before it runs, so a run killed half-way through a step is undone as if
 the step had finished (every undo tolerates a step that did only part of its work). A claim whose
 process has gone (a different start time) or whose journal is missing is stale and is removed, and
-so is a journal whose processes have all exited with no process working on it. The journals decide who holds a process (owner_of); a state file that is not whole, not a regular file
-or not ours is refused with StateFileError, naming it.
+so is a journal whose processes have all exited with no process working on it. The journals decide
+who holds a process (owner_of); a state file that is not whole, not a regular file or not ours is
+refused with StateFileError, naming it.
 """
 import os
 import time
@@ -89,8 +90,12 @@ class Journal:
         self.set(worker=_me())
 
     def worker_alive(self):
+        """Whether another process, still running, works on the group."""
+        return (self.data.get("worker") or {}).get("pid") != os.getpid() and self._worker_runs()
+
+    def _worker_runs(self):
         w = self.data.get("worker") or {}
-        return w.get("pid") != os.getpid() and statedir.same_process(w.get("pid"), w.get("started"))
+        return statedir.same_process(w.get("pid"), w.get("started"))
 
     def processes_alive(self):
         """The pids of the group that are still the processes the journal names."""
@@ -100,8 +105,7 @@ class Journal:
         """Nothing is left to finish or undo: every process of the group has exited and no process
         works on it (a holder that died with its group; a restore whose CRIU failed, killing the
         tree, after its journal was made)."""
-        w = self.data.get("worker") or {}
-        return not statedir.same_process(w.get("pid"), w.get("started")) and not self.processes_alive()
+        return not self._worker_runs() and not self.processes_alive()
 
     def close(self):
         """The group is running and free again: drop the claims, then the journal."""

@@ -45,14 +45,10 @@ def resume(pids, settings, report=print, mark=_no_mark):
     mark(phase): called as each phase of this process ends (the command's phase clock)."""
     journal = group_of(pids)
     mark("check (pids, journal)")
-    if journal.worker_alive():
-        final = _ask_holder(journal, settings, report)
-        if final is not None:
-            return final
-        asked, journal = journal, jn.owner_of(journal.pids[0])  # as the dead holder left it
-        if journal is None:
-            return closed_without_reply(asked.key, asked.pids)
-    return _recover(journal, settings, report)
+    if not journal.worker_alive():
+        return _recover(journal, settings, report)
+    final = _ask_holder(journal, settings, report)
+    return final if final is not None else _after_holder(journal, settings, report)
 
 
 def take_over(journal, settings, report=print, holder_key=None):
@@ -60,11 +56,16 @@ def take_over(journal, settings, report=print, holder_key=None):
     post-resume, where the restore's holder died; holder_key: its key, where not the group's): once
     that worker is gone (HOLDER_EXIT_S at most), here, from the journal; -> the final object."""
     if not _gone_within(journal, HOLDER_EXIT_S):
-        raise ProcessError(journal.key, f"criu-gpushare process {journal.data['worker']['pid']} is "
-                           f"working on its group now ({journal.kind}, {journal.state}); wait for it")
-    ended, journal = journal, jn.owner_of(journal.pids[0])  # as it left it
+        raise _worked_on(journal)
+    return _after_holder(journal, settings, report, holder_key)
+
+
+def _after_holder(asked, settings, report, holder_key=None):
+    """The holder that worked on the journal `asked` is gone without an answer: the journal as it
+    left it is finished here, or, where it closed it, its work was done; -> the final object."""
+    journal = jn.owner_of(asked.pids[0])
     if journal is None:
-        return closed_without_reply(holder_key or ended.key, ended.pids)
+        return closed_without_reply(holder_key or asked.key, asked.pids)
     return _recover(journal, settings, report)
 
 
@@ -97,9 +98,13 @@ def _ask_holder(journal, settings, report):
         report(f"the holder of group {journal.key} ended without an answer (its log: "
                f"{holder.log_path(journal.key)})")
         return None
-    worker = journal.data["worker"]["pid"]
-    raise ProcessError(journal.key, f"criu-gpushare process {worker} is working on its group now "
-                       f"({journal.kind}, {journal.state}); wait for it")
+    raise _worked_on(journal)
+
+
+def _worked_on(journal):
+    """The refusal for a journal another live process works on (a command recovering the group)."""
+    return ProcessError(journal.key, f"criu-gpushare process {journal.data['worker']['pid']} is "
+                        f"working on its group now ({journal.kind}, {journal.state}); wait for it")
 
 
 def _gone_within(journal, seconds):
