@@ -40,15 +40,22 @@ def test_startup_bench_times_every_case():
 
 
 def test_write_paths_bench_measures_each_way_of_writing_a_chunk(tmp_path):
-    """bench/write_paths_bench.py: every way, at 1 and N threads, in each directory given; it
-    leaves nothing behind."""
+    """bench/write_paths_bench.py: every way and the read back, at 1 and N threads, in each
+    directory given, and the host's copy floors; it leaves nothing behind."""
     r = subprocess.run([sys.executable, str(BENCH / "write_paths_bench.py"), "--dir", str(tmp_path),
                         "--size", "128M", "--threads", "2", "--repeat", "1", "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
-    rows = json.loads(r.stdout)["rows"]
+    out = json.loads(r.stdout)
+    rows = out["rows"]
     assert [(row["dir"], row["threads"]) for row in rows] == [(str(tmp_path), 1), (str(tmp_path), 2)]
-    assert all(row[w] > 0 for row in rows for w in ("write", "hash, write", "hash as written")), rows
+    assert all(row[w] > 0 for row in rows
+               for w in ("write", "hash, write", "hash as written", "read back")), rows
+    assert out["floor_threads"] == 2
+    assert sorted(out["floors"]) == sorted(["copy, memory in place",
+                                            "new memory, small pages: made, copied into",
+                                            "new memory, MADV_HUGEPAGE: made, copied into"])
+    assert all(rate > 0 for rate in out["floors"].values()), out["floors"]
     assert list(tmp_path.iterdir()) == []
 
 
