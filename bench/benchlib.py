@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -125,6 +126,40 @@ def device_shares(rows, rates):
         lines.insert(0, "against the store device's own rate (same run, "
                         + ("O_DIRECT" if all(v.get("direct") for v in rates.values() if "direct" in v)
                            else "O_DIRECT where allowed") + "):")
+    return "\n".join(lines)
+
+
+def median_cycle(rows):
+    """Of one path's rows, one per cycle (checkpoint_bench --cycles): the first that failed or
+    whose check is not ok, else the one of median back time; every cycle's (out, back) seconds go
+    into its extra["cycles"] where there is more than one."""
+    bad = [r for r in rows if r.status != "ok" or r.check != "ok"]
+    if bad or len(rows) == 1:
+        return (bad or rows)[0]
+    chosen = sorted(rows, key=lambda r: r.back_s)[(len(rows) - 1) // 2]
+    chosen.extra["cycles"] = [(r.out_s, r.back_s) for r in rows]
+    return chosen
+
+
+def cycle_lines(rows):
+    """Every cycle of the rows measured more than once, with their medians, and each cold path's
+    back time against its warm path's in the same cycle (whether a warm resume is slower)."""
+    lines = []
+    for r in rows:
+        cycles = r.extra.get("cycles")
+        if not cycles:
+            continue
+        outs, backs = [c[0] for c in cycles], [c[1] for c in cycles]
+        lines.append(f"  {r.workload}/{r.path}/{r.store}: out " + " ".join(f"{v:.2f}" for v in outs)
+                     + f" (median {statistics.median(outs):.2f}), back " + " ".join(f"{v:.2f}" for v in backs)
+                     + f" (median {statistics.median(backs):.2f})")
+        cold = next((c for c in rows if c.workload == r.workload and c.store == r.store
+                     and c.path + "-warm" == r.path and c.extra.get("cycles")), None)
+        if cold is not None:
+            slower = sum(1 for (_, w), (_, c) in zip(cycles, cold.extra["cycles"]) if w > c)
+            lines.append(f"    warm back slower than cold in {slower} of {len(cycles)} cycles")
+    if lines:
+        lines.insert(0, "cycles (s, in order):")
     return "\n".join(lines)
 
 

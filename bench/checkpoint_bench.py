@@ -98,6 +98,11 @@ def parse_args(argv=None):
     ap.add_argument("--no-pretouch", action="store_true",
                     help="leave a fresh machine's first touch of its memory to the first row (by default "
                          "each tmpfs store first gets the largest workload's size written and removed)")
+    ap.add_argument("--cycles", type=int, default=1,
+                    help="in place: the tool and tool-warm rows this many times, each cycle into a new "
+                         "store; their rows show the cycle of median back time, every cycle listed "
+                         "below the table (whether a warm resume is slower than a cold one is a "
+                         "question of a few percent: one cycle cannot answer it)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
     ap.add_argument("--precheck", action="store_true",
                     help="criu rows: also time `store verify` of the dump's chunks before the restore "
@@ -205,15 +210,22 @@ class Bench:
                         self.add(Row(name, path, target, wl.bytes,
                                      status=f"not run: {free / 1e9:.1f} GB free in {tdir}"))
                     continue
-                store = self.fresh_store(tdir, f"store-{name}")
-                for path in ("tool", "tool-warm"):  # the second finds every chunk stored
-                    wl = self.ensure(wl, name, spec)
-                    row = Row(name, path, target, wl.bytes)
-                    if not bl.tool_cycle(row, wl, ["suspend", *wl.pids, "--store", store],
-                                         ["resume", wl.pids[0]], self.env, a.call_timeout):
-                        wl.kill()  # whatever state it is in, the next row starts afresh
-                    self.add(row)
-                self.drop_store(store)
+                measured = {"tool": [], "tool-warm": []}
+                for cycle in range(max(1, a.cycles)):
+                    store = self.fresh_store(tdir, f"store-{name}")
+                    for path in measured:  # the second finds every chunk stored
+                        wl = self.ensure(wl, name, spec)
+                        row = Row(name, path, target, wl.bytes)
+                        if not bl.tool_cycle(row, wl, ["suspend", *wl.pids, "--store", store],
+                                             ["resume", wl.pids[0]], self.env, a.call_timeout):
+                            wl.kill()  # whatever state it is in, the next row starts afresh
+                        measured[path].append(row)
+                        if a.cycles > 1:
+                            self.log(f"{name}/{path}/{target} cycle {cycle + 1}: out {row.out_s} s, "
+                                     f"back {row.back_s} s, {row.status}")
+                    self.drop_store(store)
+                for path, cycle_rows in measured.items():
+                    self.add(bl.median_cycle(cycle_rows))
             wl = self.ensure(wl, name, spec)
             row = Row(name, "driver", "-", wl.bytes)
             if self.driver is None:
@@ -506,12 +518,13 @@ def main(argv=None):
     print()
     print(bl.format_table(bench.rows, title))
     print(bl.device_shares(bench.rows, rates))
+    print(bl.cycle_lines(bench.rows))
     print(bl.precheck_lines(bench.rows))
     print(bl.image_lines(bench.rows))
     print(bl.criu_lines(bench.rows))
     meta = {"scale": args.scale, "workloads": {n: specs[n][2] for n in names}, "store_rates": rates,
             "targets": dict(bench.targets), "total_s": round(total, 1), "versions": bl.versions(),
-            "thp": bench.thp, "argv": sys.argv[1:]}
+            "thp": bench.thp, "cycles": args.cycles, "argv": sys.argv[1:]}
     bl.write_json(args.json_out, meta, bench.rows)
     bad = [r for r in bench.rows if r.check.startswith("WRONG") or r.status.startswith("error")]
     expected_fail = [r for r in bench.rows if r.path == "driver" and r.workload == "pair"]

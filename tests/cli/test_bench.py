@@ -164,6 +164,26 @@ def test_ratios_and_table_with_a_failed_driver_restore():
     assert rows[0].gbps(rows[0].out_s) == 2.0
 
 
+def test_repeated_cycles_show_the_median_one_and_count_warm_resumes_slower_than_cold():
+    """checkpoint_bench --cycles: the row of median back time stands for its path, every cycle is
+    listed, and a cycle whose warm resume took longer than its cold one is counted, not hidden;
+    a failed or wrong cycle stands for its path instead."""
+    def rows(path, figures):
+        return [bl.Row("single", path, "tmpfs", 4 * 10**9, out_s=o, back_s=b, check="ok") for o, b in figures]
+    cold = bl.median_cycle(rows("tool", [(3.0, 1.7), (3.1, 1.6), (2.9, 1.9)]))
+    warm = bl.median_cycle(rows("tool-warm", [(1.0, 1.5), (1.1, 1.8), (1.2, 1.6)]))
+    assert (cold.out_s, cold.back_s) == (3.0, 1.7) and (warm.out_s, warm.back_s) == (1.2, 1.6)
+    text = bl.cycle_lines([cold, warm])
+    assert "single/tool/tmpfs: out 3.00 3.10 2.90 (median 3.00), back 1.70 1.60 1.90 (median 1.70)" in text
+    assert "warm back slower than cold in 1 of 3 cycles" in text, text
+    wrong = rows("tool", [(3.0, 1.7), (3.1, 1.6)])
+    wrong[1].check = "WRONG: digest differs"
+    assert bl.median_cycle(wrong) is wrong[1]
+    single = rows("tool", [(3.0, 1.7)])
+    assert bl.median_cycle(single) is single[0] and "cycles" not in single[0].extra
+    assert bl.cycle_lines(single) == ""
+
+
 def test_rows_are_set_against_the_store_device_s_own_rate():
     rows = [bl.Row("single", "criu", "disk", 4 * 10**9, out_s=2.0, back_s=4.0, check="ok"),
             bl.Row("single", "driver", "-", 4 * 10**9, out_s=8.0, back_s=8.0, check="ok")]
