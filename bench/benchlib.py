@@ -227,6 +227,44 @@ def _criu_stats(row, action, stats):
 def _image_stats(row, images, action):
     from criu_gpushare.criu.images import stats
     _criu_stats(row, action, stats(images, action))
+    if action == "dump":
+        _image_contents(row, images)
+
+
+def _image_contents(row, images):
+    """row.extra["image_pages"]: what the memory in CRIU's image belongs to (images.pages_by_mapping),
+    so that a row bound by CRIU's dump or restore says which memory it moved."""
+    from criu_gpushare.criu.images import pages_by_mapping
+    from criu_gpushare.errors import CriuError, ImageError
+    try:
+        row.extra["image_pages"] = pages_by_mapping(images)
+    except (CriuError, ImageError) as e:
+        row.extra["image_pages"] = {"error": str(e)}
+
+
+def image_content_lines(rows, shown=5):
+    """Per row with an image: the kinds of memory its pages belong to, the biggest `shown`
+    (the rest summed), and its largest mapping."""
+    lines = []
+    for r in rows:
+        found = r.extra.get("image_pages")
+        if not found:
+            continue
+        if "error" in found:
+            lines.append(f"  {r.workload}/{r.path}/{r.store}: not read ({found['error']})")
+            continue
+        kinds = list(found["kinds"].items())
+        parts = [f"{kind} {n / 2**20:.1f}" for kind, n in kinds[:shown]]
+        rest = sum(n for _, n in kinds[shown:])
+        if rest:
+            parts.append(f"the rest {rest / 2**20:.1f}")
+        top = found["largest"][0] if found["largest"] else None
+        where = (f"; largest: pid {top['pid']} {top['start']:#x}-{top['end']:#x} {top['kind']} "
+                 f"{top['bytes'] / 2**20:.1f}") if top else ""
+        lines.append(f"  {r.workload}/{r.path}/{r.store}: " + ", ".join(parts) + where)
+    if lines:
+        lines.insert(0, "CRIU image pages by mapping (MiB):")
+    return "\n".join(lines)
 
 
 def drop_page_cache():
@@ -348,6 +386,7 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout, between=None):
     if out_args[0] == "dump":
         row.extra["image_bytes"] = (out.summary or {}).get("image_bytes")
         _criu_stats(row, "dump", (out.summary or {}).get("criu_stats"))
+        _image_contents(row, str(out_args[2]))  # dump PID DIR ...
         wl.reap()  # CRIU ended the tree: its pids must be free for the restore
     why = between() if between else None
     if why:

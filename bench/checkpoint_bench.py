@@ -521,6 +521,7 @@ def main(argv=None):
     print(bl.cycle_lines(bench.rows))
     print(bl.precheck_lines(bench.rows))
     print(bl.image_lines(bench.rows))
+    print(bl.image_content_lines(bench.rows))
     print(bl.criu_lines(bench.rows))
     meta = {"scale": args.scale, "workloads": {n: specs[n][2] for n in names}, "store_rates": rates,
             "targets": dict(bench.targets), "total_s": round(total, 1), "versions": bl.versions(),

@@ -1,11 +1,13 @@
 """Facts about a CRIU image directory, read with pycriu.images: what a restore will need (the
 plugins recorded in the inventory) and whether a GPU process went into the image without our hook
-(GPU device files, libcuda mappings), so dump and restore can refuse such images early.
+(GPU device files, libcuda mappings), so dump and restore can refuse such images early; and what
+the memory CRIU wrote belongs to (the benchmarks' account of an image's size).
 
 A missing or undecodable image file raises ImageError naming it; a missing pycriu, CriuError.
 """
 from __future__ import annotations
 
+import bisect
 import glob
 import os
 
@@ -14,9 +16,14 @@ from . import _pycriu
 
 GPU_DEVICE_PREFIX = "/dev/nvidia"
 LIBCUDA_PREFIX = "libcuda.so"
-# criu/include/image.h: a VMA that maps a file (its shmid is the file's id in files.img).
+# criu/include/image.h: what a VMA is (a file's: its shmid is the file's id in files.img).
+_VMA_AREA_STACK = 1 << 1
+_VMA_AREA_HEAP = 1 << 5
 _VMA_FILE_PRIVATE = 1 << 6
 _VMA_FILE_SHARED = 1 << 7
+_VMA_ANON_PRIVATE = 1 << 9
+_PE_PRESENT = 1 << 2  # CRIU's pagemap entry flag: the pages are in this image's pages-*.img
+PAGE = 4096
 
 
 def inventory_plugins(images_dir: str) -> list[str]:
@@ -60,6 +67,72 @@ def stats(images_dir: str, action: str) -> dict:
         return {}
     return {k[:-5] if k.endswith("_time") else k: (v / 1e6 if k.endswith("_time") else v)
             for k, v in entry.items() if k.endswith("_time") or k.startswith("pages_")}
+
+
+def pages_by_mapping(images_dir: str, largest: int = 5) -> dict:
+    """What the memory CRIU wrote into the image belongs to, in bytes:
+      "kinds": {kind: bytes}, biggest first, kind one of "anonymous private", "heap", "stack",
+               "file <name> (private)" / "(shared)" (the dirty pages of a mapped file), "shared
+               memory" (anonymous shared, memfd, SysV: CRIU dumps them apart) or "other";
+      "largest": the `largest` mappings that hold the most, [{"pid", "start", "end", "kind",
+               "bytes"}]: which regions make a big image big (e.g. a runtime's own allocations)."""
+    files = _regular_files(images_dir)
+    kinds, regions = {}, []
+    for path in sorted(glob.glob(os.path.join(glob.escape(images_dir), "pagemap-*.img"))):
+        name = os.path.basename(path)
+        runs = [e for e in _entries(images_dir, name)[1:] if e.get("flags", 0) & _PE_PRESENT]
+        present = sum(e["nr_pages"] for e in runs) * PAGE
+        if name.startswith("pagemap-shmem-"):
+            kinds["shared memory"] = kinds.get("shared memory", 0) + present
+            continue
+        pid = name[len("pagemap-"):-len(".img")]
+        vmas = _entries(images_dir, f"mm-{pid}.img")[0].get("vmas", [])
+        held = _pages_per_vma(runs, vmas)
+        for vma, n in zip(vmas, held):
+            if n:
+                kind = _vma_kind(vma, files)
+                kinds[kind] = kinds.get(kind, 0) + n
+                regions.append({"pid": int(pid), "start": vma["start"], "end": vma["end"],
+                                "kind": kind, "bytes": n})
+        unplaced = present - sum(held)
+        if unplaced:
+            kinds["other"] = kinds.get("other", 0) + unplaced
+    regions.sort(key=lambda r: -r["bytes"])
+    return {"kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])), "largest": regions[:largest]}
+
+
+def _pages_per_vma(runs, vmas):
+    """Bytes of the page runs (vaddr, nr_pages) that fall in each VMA, in the VMAs' order."""
+    held = [0] * len(vmas)
+    order = sorted(range(len(vmas)), key=lambda i: vmas[i]["start"])
+    starts = [vmas[i]["start"] for i in order]
+    for run in runs:
+        begin, end = run["vaddr"], run["vaddr"] + run["nr_pages"] * PAGE
+        k = bisect.bisect_right(starts, begin) - 1
+        while begin < end and 0 <= k < len(order):
+            vma = vmas[order[k]]
+            top = min(end, vma["end"])
+            if top > begin:
+                held[order[k]] += top - begin
+                begin = top
+            k += 1
+            if k < len(order) and vmas[order[k]]["start"] > begin:
+                break  # a hole: CRIU dumps no page outside a VMA
+    return held
+
+
+def _vma_kind(vma, files):
+    status = vma["status"]
+    if status & (_VMA_FILE_PRIVATE | _VMA_FILE_SHARED):
+        name = os.path.basename(files.get(vma.get("shmid"), "?"))
+        return f"file {name} ({'private' if status & _VMA_FILE_PRIVATE else 'shared'})"
+    if status & _VMA_AREA_HEAP:
+        return "heap"
+    if status & _VMA_AREA_STACK:
+        return "stack"
+    if status & _VMA_ANON_PRIVATE:
+        return "anonymous private"
+    return "other"
 
 
 def image_bytes(images_dir: str) -> int:

@@ -477,3 +477,19 @@ def test_the_driver_path_through_plain_criu_runs_on_this_machines_criu(criu, tmp
     finally:
         wl.kill()
         bl.reap_children()
+
+
+def test_image_content_lines_name_the_memory_of_each_image():
+    """What pages_by_mapping found, per row: the biggest kinds (the rest summed), the largest
+    mapping; an image that could not be read says why."""
+    row = bl.Row("pair", "criu", "tmpfs", 10**9, extra={"image_pages": {
+        "kinds": {"anonymous private": 900 << 20, "heap": 64 << 20, "file libc.so.6 (private)": 1 << 20,
+                  "stack": 1 << 20, "shared memory": 1 << 20, "other": 1 << 20},
+        "largest": [{"pid": 7, "start": 0x1000, "end": 0x2000, "kind": "anonymous private",
+                     "bytes": 512 << 20}]}})
+    bad = bl.Row("pair", "criu-hook", "tmpfs", 10**9, extra={"image_pages": {"error": "mm-7.img: missing"}})
+    text = bl.image_content_lines([row, bad], shown=3)
+    assert ("pair/criu/tmpfs: anonymous private 900.0, heap 64.0, file libc.so.6 (private) 1.0, "
+            "the rest 3.0; largest: pid 7 0x1000-0x2000 anonymous private 512.0") in text, text
+    assert "pair/criu-hook/tmpfs: not read (mm-7.img: missing)" in text
+    assert bl.image_content_lines([bl.Row("x", "tool", "tmpfs", 1)]) == ""

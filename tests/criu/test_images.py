@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 
 import pytest
 
@@ -109,3 +110,40 @@ def test_a_directory_without_memory_images_is_refused(plain_dump):
             os.unlink(os.path.join(images_dir, name))
     with pytest.raises(ImageError, match="no memory image"):
         images.maps_libcuda(images_dir)
+
+
+def test_the_image_s_memory_is_told_by_what_it_belongs_to(criu, tmp_path, processes):
+    """pages_by_mapping: 32 MiB written in a private anonymous mapping, 16 MiB in a shared one and
+    1 MiB of a file mapped private and written are each found as what they are, and the private
+    mapping leads the largest; the kinds add up to the pages CRIU wrote."""
+    data = tmp_path / "data.bin"
+    data.write_bytes(b"\0" * (4 << 20))
+    code = ("import mmap, time\n"
+            "anon = mmap.mmap(-1, 32 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\n"
+            "anon[:] = b'a' * (32 << 20)\n"
+            "shared = mmap.mmap(-1, 16 << 20)\n"
+            "shared[:] = b's' * (16 << 20)\n"
+            f"f = open({str(data)!r}, 'rb')\n"
+            "mapped = mmap.mmap(f.fileno(), 4 << 20, access=mmap.ACCESS_COPY)\n"
+            "mapped[:1 << 20] = b'f' * (1 << 20)\n"
+            f"open({str(tmp_path / 'written')!r}, 'w').close()\n"
+            "while True: time.sleep(0.05)")
+    proc = start_daemon(tmp_path, code, processes)  # ready once started: the writes may still run
+    for _ in range(200):
+        if (tmp_path / "written").exists():
+            break
+        time.sleep(0.05)
+    out = tmp_path / "parts"
+    out.mkdir()
+    rpc.dump(str(out), proc.pid, rpc.CriuOptions(leave_running=True))
+
+    found = images.pages_by_mapping(str(out), largest=3)
+    kinds = found["kinds"]
+    assert kinds["anonymous private"] >= 32 << 20
+    assert kinds["shared memory"] == 16 << 20
+    assert kinds["file data.bin (private)"] == 1 << 20
+    assert list(kinds.values()) == sorted(kinds.values(), reverse=True)
+    assert found["largest"][0]["kind"] == "anonymous private"
+    assert found["largest"][0]["bytes"] == 32 << 20 and found["largest"][0]["pid"] == proc.pid
+    written = sum(os.path.getsize(p) for p in out.glob("pages-*.img"))
+    assert sum(kinds.values()) == written
