@@ -26,7 +26,8 @@
 #      bench/write_paths_bench.py --huge-tmpfs when BENCHES names `writes` -> OUT/bench-writes.txt,
 #      bench/save_stages_bench.py (BENCH_STAGES_GIB, default 40) when it names `stages`
 #      -> OUT/bench-stages.txt, bench/criu_memory_bench.py (BENCH_CRIU_MEMORY_GIB, default 1) when
-#      it names `criu-memory` -> OUT/bench-criu-memory.txt, and
+#      it names `criu-memory` -> OUT/bench-criu-memory.txt, bench/overlap_bench.py
+#      (BENCH_OVERLAP_GIB, default 16) when it names `overlap` -> OUT/bench-overlap.txt, and
 #      bench/allocator_bench.py (BENCH_ALLOC_GIB, default 8) -> OUT/bench-allocator.txt, .json;
 #      tests/gpu/test_stress.py runs CRIU_GPUSHARE_STRESS_CYCLES cycles (default 60, ~4.2 s each on
 #      the H200, a progress line every 10 cycles);
@@ -42,7 +43,7 @@
 # limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
 # the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as
 # GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator startup writes stages
-# criu-memory").
+# criu-memory overlap").
 # Seen on the H200 (driver 580): install, CRIU and doctor ~40 s; tests/gpu/test_cuda_graphs.py
 # ~140 s; tests/hook/test_gpu_dump.py ~60 s; tests/engine > 140 s; the probes in tests/gpu ~6 min;
 # checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
@@ -327,6 +328,10 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
     if [[ $BENCHES == *" criu-memory "* ]]; then
         timeout 300 python3 bench/criu_memory_bench.py --gib "${BENCH_CRIU_MEMORY_GIB:-1}" 2>&1 | tee "$OUT/bench-criu-memory.txt"
         step "bench/criu_memory_bench.py (${BENCH_CRIU_MEMORY_GIB:-1} GiB)" "${PIPESTATUS[0]}"
+    fi
+    if [[ $BENCHES == *" overlap "* ]]; then
+        timeout 200 python3 bench/overlap_bench.py --gib "${BENCH_OVERLAP_GIB:-16}" 2>&1 | tee "$OUT/bench-overlap.txt"
+        step "bench/overlap_bench.py (${BENCH_OVERLAP_GIB:-16} GiB)" "${PIPESTATUS[0]}"
     fi
     # No driver checkpoint call of these overlaps another: each bench runs alone, in sequence.
     if [[ $BENCHES == *" checkpoint "* ]]; then
