@@ -14,6 +14,8 @@ GiB in one exportable allocation, every 64 MiB chunk set to its own 32-bit patte
   save, then      this process imports it, the owner releases it; the save (device to a pinned ring,
   checkpoint      written as 64 MiB files under --dir), then lock + checkpoint
   beside          the same, with lock + checkpoint in a thread started as the save starts
+  beside, owner   the same, the owner keeping its exported fd open (the memory then outlives this
+  keeps its fd    process too); after the restore the owner maps that fd again at its old address
 
 then restore + unlock of the owner. Every chunk's first and last words are checked as they are
 saved; after "beside" this process exports its import again and the owner maps it at its old
@@ -99,14 +101,17 @@ def owner(sock_path, size, device):
     while True:
         msg, fds, _, _ = socket.recv_fds(conn, 64, 1)
         cmd = msg.decode()
-        if cmd == "release":
+        if cmd in ("release", "release, keep the fd"):
             drv.check(cu.cuMemUnmap(va, size), "unmap")
             drv.check(cu.cuMemRelease(handle), "release")
-            os.close(fd)
+            if cmd == "release":
+                os.close(fd)
+                fd = None
             conn.sendall(b"released")
-        elif cmd == "adopt":
+        elif cmd in ("adopt", "adopt the kept fd"):
             try:
-                h = drv.check(cu.cuMemImportFromShareableHandle(fds[0], _fd_type(cu)), "import")
+                h = drv.check(cu.cuMemImportFromShareableHandle(fds[0] if cmd == "adopt" else fd,
+                                                                _fd_type(cu)), "import")
                 drv.check(cu.cuMemMap(va, size, 0, h, 0), "map at the old address")
                 _access(cu, va, size, device)
                 good = _words(cu, va, size) == [(pattern(i), pattern(i)) for i in range(size // CHUNK)]
@@ -212,7 +217,8 @@ def scenario(name, size, device, workdir, ring, streams):
     try:
         if name != "nothing held":
             mem = ImportedAllocation(own.fd, size, device)
-        row["owner release"] = timed(own.ask, "release")[0]
+        keeps_fd = name.endswith("owner keeps its fd")
+        row["owner release"] = timed(own.ask, "release, keep the fd" if keeps_fd else "release")[0]
         if name == "nothing held":
             row["checkpoint"] = timed(checkpoint, own.pid)[0]
         elif name == "save, then checkpoint":
@@ -244,7 +250,13 @@ def scenario(name, size, device, workdir, ring, streams):
         if mem is not None:
             row["after: words here"] = "intact" if _words(cu, mem.ptr, size) == [
                 (pattern(i), pattern(i)) for i in range(size // CHUNK)] else "WRONG"
-            if name == "beside":
+            if keeps_fd:
+                # what a rollback after this process died would do: the owner maps its own
+                # exported fd again (this process's import is dropped first)
+                mem.close()
+                mem = None
+                row["owner adopts it"] = own.ask("adopt the kept fd")
+            elif name == "beside":
                 try:
                     fd = drv.check(cu.cuMemExportToShareableHandle(mem.handle, _fd_type(cu), 0),
                                    "export the import again")
@@ -283,7 +295,8 @@ def main():
     rows = []
     try:
         for r in range(args.repeat):
-            for name in ("nothing held", "save, then checkpoint", "beside"):
+            for name in ("nothing held", "save, then checkpoint", "beside",
+                         "beside, owner keeps its fd"):
                 row = scenario(name, size, args.device, workdir, ring, streams)
                 row["round"] = r + 1
                 rows.append(row)
