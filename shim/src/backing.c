@@ -115,6 +115,7 @@ int gs_backing_forget(CUdeviceptr va, CUmemGenericAllocationHandle *h, size_t *s
         *pool = a->origin == GS_ORIGIN_ASYNC ? a->pool : NULL;
     gs_forget_maps(va, a->size);
     gs_forget_exports(GS_OBJ_ALLOC, a->id); /* neither moves gs.allocs: a stays valid */
+    gs_close_kept(a);
     if (a->origin == GS_ORIGIN_ASYNC)
         __atomic_sub_fetch(&gs.n_async, 1, __ATOMIC_RELAXED);
     GS_DEL(gs.allocs, (size_t)(a - gs.allocs.v));

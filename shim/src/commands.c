@@ -224,11 +224,22 @@ static int lifecycle_result(struct call *c, int rc)
 static void cmd_release(struct call *c)
 {
     const struct gs_json_field *only = gs_json_get(c->req, "only", 's');
+    const struct gs_json_field *keep = gs_json_get(c->req, "keep", 's');
     if (only && strcmp(only->str, "imports")) {
         gs_reply_fail(c->out, "bad-request", "release: \"only\" can only be \"imports\"");
         return;
     }
-    lifecycle_result(c, gs_lc_release(only != NULL, &c->out->body, c->err, sizeof(c->err)));
+    if ((keep && strcmp(keep->str, "fds")) || (!keep && gs_json_has(c->req, "keep"))) {
+        gs_reply_fail(c->out, "bad-request", "release: \"keep\" can only be \"fds\"");
+        return;
+    }
+    lifecycle_result(c, gs_lc_release(only != NULL, keep != NULL, &c->out->body, c->err,
+                                      sizeof(c->err)));
+}
+
+static void cmd_drop_kept(struct call *c)
+{
+    lifecycle_result(c, gs_lc_drop_kept(&c->out->body));
 }
 
 static void cmd_void_exports(struct call *c)
@@ -309,6 +320,7 @@ static const struct command {
     {"ipcget", 0, 0, 0, 0, cmd_ipcget},
     {"release", 0, 0, 1, 1, cmd_release},
     {"void-exports", 0, 0, 1, 1, cmd_void_exports},
+    {"drop-kept", 0, 0, 1, 1, cmd_drop_kept},
     {"recreate", 0, 0, 1, 1, cmd_recreate},
     {"adopt", 0, 1, 1, 1, cmd_adopt},
     {"attach", 1, 1, 1, 1, cmd_attach},

@@ -111,12 +111,29 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
         return -2;
     }
     struct gs_alloc *a = gs_find_alloc_id(id);
+    int rc = -1;
     if (!a) {
-        gs_unlock();
         /* Freed: never export a handle the shim does not hold. */
         snprintf(err, errlen, "gone: allocation %llu no longer exists", (unsigned long long)id);
-        return -1;
+    } else if (a->dropped && a->kept) {
+        /* Released with keep: the tool copies it out from a dup of the kept fd. */
+        *fd_out = fcntl(a->kept_fd, F_DUPFD_CLOEXEC, 0);
+        rc = *fd_out >= 0 ? 0 : -1;
+        if (rc)
+            snprintf(err, errlen, "dup of the kept fd of allocation %llu: %s", (unsigned long long)id,
+                     strerror(errno));
+    } else if (a->dropped) {
+        snprintf(err, errlen, "gone: allocation %llu is released", (unsigned long long)id);
+    } else {
+        rc = gs_export_alloc(a, fd_out, err, errlen);
     }
+    gs_unlock();
+    return rc;
+}
+
+int gs_export_alloc(struct gs_alloc *a, int *fd_out, char *err, size_t errlen)
+{
+    uint64_t id = a->id;
     CUmemGenericAllocationHandle h = a->h;
     int dev = a->dev, retained = 0;
     CUresult r = CUDA_SUCCESS;
@@ -138,7 +155,6 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
     }
     if (retained)
         REAL(cuMemRelease)(h);
-    gs_unlock();
     if (r != CUDA_SUCCESS) {
         snprintf(err, errlen, "cuMemExportToShareableHandle of allocation %llu: %s",
                  (unsigned long long)id, gs_cu_name(r));

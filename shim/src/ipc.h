@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+struct gs_alloc;
+
 /* What an exported fd is: one of this process's allocations or multicast objects. */
 struct gs_origin {
     uint64_t id;
@@ -14,9 +16,12 @@ struct gs_origin {
 };
 /* 0 with *out; -1 not exported here; -2 state lock busy. err says why. */
 int gs_whose_fd(int fd, struct gs_origin *out, char *err, size_t errlen);
-/* A fresh POSIX fd of allocation id: 0 with *fd_out; -1 failed (err begins with "gone" when the
- * allocation no longer exists); -2 state lock busy. */
+/* A fresh POSIX fd of allocation id (of a released one, a dup of the fd its release kept): 0 with
+ * *fd_out; -1 failed (err begins with "gone" when the allocation no longer exists, or is released
+ * without a kept fd); -2 state lock busy. */
 int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen);
+/* The same for a known allocation, with the state lock held by the caller: -1 with err. */
+int gs_export_alloc(struct gs_alloc *a, int *fd_out, char *err, size_t errlen);
 /* ipcget: the driver's CUDA IPC handle (64 bytes) of memory at va that a lazy handle was given out
  * for, taken now. 0; -1 failed (err begins with "gone" when no such handle was given or the
  * memory was freed); -2 state lock busy. */

@@ -1,7 +1,10 @@
 /* lifecycle.c: the shim's side of suspend/resume (protocol.md, "Suspend and resume").
  *
  * The tool drives these commands over the control socket while the process is quiesced:
- *   release        drop imports, then owned memory (VA reservations kept), then host registrations
+ *   release        drop imports, then owned memory (VA reservations kept), then host registrations;
+ *                  with keep, an fd of each allocation is kept first: its memory outlives the release
+ *                  (the tool copies it out while the driver checkpoints) until drop-kept or recreate
+ *   drop-kept      close the kept fds (the memory goes once the tool's imports of it go too)
  *   void-exports   point every copy of an exported fd at /dev/null, close the kept dups
  *   recreate       new memory for every dropped allocation, mapped at the same VAs
  *   adopt {id}     an import whose exporter freed the memory becomes memory of this process
@@ -30,6 +33,7 @@
 
 #include "backing.h"
 #include "devices.h"
+#include "ipc.h"
 #include "lifecycle.h"
 #include "resolve.h"
 #include "track.h"
@@ -92,15 +96,18 @@ static int first_map_va(int kind, uint64_t id, CUdeviceptr *va)
     return 0;
 }
 
-/* Creates memory like prop, never keeping a handle the application holds for something else. */
-static CUresult create_fresh(size_t size, const CUmemAllocationProp *prop,
+/* Creates memory like prop (or, kept_fd >= 0, imports the kept memory again), never keeping a
+ * handle the application holds for something else. */
+static CUresult create_fresh(size_t size, const CUmemAllocationProp *prop, int kept_fd,
                              CUmemGenericAllocationHandle own, CUmemGenericAllocationHandle *out)
 {
     CUmemGenericAllocationHandle aside[LC_COLLISION_TRIES];
     int n_aside = 0;
     CUresult r;
     for (;;) {
-        r = REAL(cuMemCreate)(out, size, prop, 0);
+        r = kept_fd >= 0 ? REAL(cuMemImportFromShareableHandle)(out, (void *)(intptr_t)kept_fd,
+                                                                CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+                         : REAL(cuMemCreate)(out, size, prop, 0);
         if (r != CUDA_SUCCESS || !gs_held_by_app_elsewhere(*out, own) || n_aside == LC_COLLISION_TRIES)
             break;
         aside[n_aside++] = *out;
@@ -181,9 +188,34 @@ static int unmap_kind(int kind, const char *what, int *n_maps, char *err, size_t
     return 0;
 }
 
-static int release_all(int imports_only, struct gs_buf *body, char *err, size_t errlen)
+/* An fd of every allocation not dropped yet kept, before anything of owned memory is dropped; a
+ * failure closes those kept here and drops nothing. */
+static int keep_all(int *n_kept, char *err, size_t errlen)
 {
-    int n_imports = 0, n_allocs = 0, n_maps = 0, n_hosts = 0;
+    for (size_t i = 0; i < gs.allocs.n; i++) {
+        struct gs_alloc *a = &gs.allocs.v[i];
+        if (a->dropped || a->kept)
+            continue;
+        if (gs_export_alloc(a, &a->kept_fd, err, errlen)) {
+            for (size_t j = 0; j < i; j++)
+                if (!gs.allocs.v[j].dropped && gs.allocs.v[j].kept) {
+                    gs_close_kept(&gs.allocs.v[j]);
+                    (*n_kept)--;
+                }
+            char why[200];
+            snprintf(why, sizeof(why), "%s", err);
+            snprintf(err, errlen, "release: keeping %s; nothing of owned memory was released", why);
+            return -1;
+        }
+        a->kept = 1;
+        (*n_kept)++;
+    }
+    return 0;
+}
+
+static int release_all(int imports_only, int keep, struct gs_buf *body, char *err, size_t errlen)
+{
+    int n_imports = 0, n_allocs = 0, n_maps = 0, n_hosts = 0, n_kept = 0;
     CUresult r;
     /* imports: mappings, then handles (the VA reservations stay) */
     if (unmap_kind(GS_OBJ_IMPORT, "import", &n_maps, err, errlen))
@@ -209,7 +241,9 @@ static int release_all(int imports_only, struct gs_buf *body, char *err, size_t 
     }
     if (imports_only)
         goto done;
-    /* owned memory: mappings, retained handles, then the handles themselves */
+    /* owned memory: kept fds, mappings, retained handles, then the handles themselves */
+    if (keep && keep_all(&n_kept, err, errlen))
+        return -1;
     for (size_t i = 0; i < gs.allocs.n; i++)
         if (!gs.allocs.v[i].dropped)
             remember_prop(&gs.allocs.v[i]);
@@ -227,6 +261,7 @@ static int release_all(int imports_only, struct gs_buf *body, char *err, size_t 
             return -1;
         }
         a->dropped = 1;
+        a->intact = 0;
         n_allocs++;
     }
     /* page-locked host memory: unregistered, the memory itself stays where it is */
@@ -246,12 +281,24 @@ static int release_all(int imports_only, struct gs_buf *body, char *err, size_t 
         n_hosts++;
     }
 done:
-    gs_buf_printf(body, "\"imports\":%d,\"allocations\":%d,\"mappings\":%d,\"host_buffers\":%d",
-                  n_imports, n_allocs, n_maps, n_hosts);
+    gs_buf_printf(body, "\"imports\":%d,\"allocations\":%d,\"mappings\":%d,\"host_buffers\":%d,"
+                  "\"kept\":%d", n_imports, n_allocs, n_maps, n_hosts, n_kept);
     return 0;
 }
 
-int gs_lc_release(int imports_only, struct gs_buf *body, char *err, size_t errlen)
+int gs_lc_drop_kept(struct gs_buf *body)
+{
+    int n = 0;
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        if (gs.allocs.v[i].kept) {
+            gs_close_kept(&gs.allocs.v[i]);
+            n++;
+        }
+    gs_buf_printf(body, "\"closed\":%d", n);
+    return 0;
+}
+
+int gs_lc_release(int imports_only, int keep, struct gs_buf *body, char *err, size_t errlen)
 {
     if (gs.mcasts.n) {
         snprintf(err, errlen, "release: %zu multicast object(s): suspend does not support "
@@ -259,7 +306,7 @@ int gs_lc_release(int imports_only, struct gs_buf *body, char *err, size_t errle
         return GS_LC_REFUSED;
     }
     int pushed = gs_push_ctx(0);
-    int rc = release_all(imports_only, body, err, errlen);
+    int rc = release_all(imports_only, keep, body, err, errlen);
     gs_pop_ctx(pushed);
     return rc;
 }
@@ -377,10 +424,13 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     }
     int pushed = gs_push_ctx(a->dev);
     CUmemGenericAllocationHandle nh;
-    CUresult r = create_fresh(a->size, &prop, a->h, &nh);
+    /* Kept memory comes back itself, bytes and all (a devices map cannot move it: it stays where
+     * it is, and the tool only keeps memory for a suspend it has not finished). */
+    CUresult r = create_fresh(a->size, &prop, a->kept ? a->kept_fd : -1, a->h, &nh);
     if (r != CUDA_SUCCESS) {
         gs_pop_ctx(pushed);
-        snprintf(err, errlen, "recreate: cuMemCreate of allocation %llu (%zu bytes on device %d): %s",
+        snprintf(err, errlen, "recreate: %s of allocation %llu (%zu bytes on device %d): %s",
+                 a->kept ? "cuMemImportFromShareableHandle of its kept fd" : "cuMemCreate",
                  (unsigned long long)a->id, a->size, a->dev, gs_cu_name(r));
         return -1;
     }
@@ -414,6 +464,8 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     a->h = nh;
     a->dropped = 0;
     a->remapped = 0;
+    a->intact = a->kept;
+    gs_close_kept(a);
     gs_pop_ctx(pushed);
     return 0;
 }
@@ -483,7 +535,7 @@ int gs_lc_adopt(uint64_t id, int dev, const struct gs_devmap *map, struct gs_buf
     gs_backing_prop(&prop, dev);
     int pushed = gs_push_ctx(dev);
     CUmemGenericAllocationHandle nh;
-    CUresult r = create_fresh(im->size, &prop, im->h, &nh);
+    CUresult r = create_fresh(im->size, &prop, -1, im->h, &nh);
     if (r != CUDA_SUCCESS) {
         gs_pop_ctx(pushed);
         snprintf(err, errlen, "adopt: cuMemCreate for import %llu (%zu bytes on device %d): %s",

@@ -18,7 +18,9 @@ enum { GS_LC_FAILED = -1, GS_LC_GONE = -2, GS_LC_REFUSED = -3, GS_LC_BUSY = -4 }
 
 /* imports_only: the group's first pass (every importer drops its imports before any owner drops
  * memory, so a failure never leaves an import mapping memory that a rollback re-creates). */
-int gs_lc_release(int imports_only, struct gs_buf *body, char *err, size_t errlen);
+int gs_lc_release(int imports_only, int keep, struct gs_buf *body, char *err, size_t errlen);
+/* The fds a release with keep took closed (their memory goes once nothing else holds it). */
+int gs_lc_drop_kept(struct gs_buf *body);
 int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen);
 /* map (or NULL): this process's ordinals old -> new for everything still released (see
  * lifecycle.c, "devices map"); recreate and adopt both apply it, once per object. */

@@ -188,11 +188,18 @@ void gs_forget_exports(int kind, uint64_t id)
     GS_DROP_IF(gs.exports, e->kind == kind && e->obj_id == id, close(e->fd));
 }
 
+void gs_close_kept(struct gs_alloc *a)
+{
+    if (a->kept)
+        close(a->kept_fd);
+    a->kept = 0;
+}
+
 void gs_collect(void)
 {
     GS_DROP_IF(gs.allocs,
                e->origin == GS_ORIGIN_CUMEM && e->app_released && !mapped(GS_OBJ_ALLOC, e->id),
-               gs_forget_exports(GS_OBJ_ALLOC, e->id)); /* the id dies with its allocation */
+               gs_forget_exports(GS_OBJ_ALLOC, e->id); gs_close_kept(e)); /* the id dies with it */
     GS_DROP_IF(gs.imports,
                e->kind == GS_IMPORT_FD && e->app_released && !mapped(GS_OBJ_IMPORT, e->id),
                close_kept_fds(e));
@@ -231,6 +238,8 @@ void gs_state_reset_after_fork(void)
     pthread_mutex_init(&state_mu, NULL);
     for (size_t i = 0; i < gs.exports.n; i++)
         close(gs.exports.v[i].fd);
+    for (size_t i = 0; i < gs.allocs.n; i++)
+        gs_close_kept(&gs.allocs.v[i]);
     for (size_t i = 0; i < gs.imports.n; i++) {
         if (gs.imports.v[i].unresolved_fd >= 0)
             close(gs.imports.v[i].unresolved_fd);

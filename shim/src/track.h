@@ -39,6 +39,9 @@ struct gs_alloc {
     CUmemAllocationProp prop;        /* read at release, for recreate */
     int have_prop;
     int remapped;                    /* dropped, and moved by a devices map (lifecycle.c) */
+    int kept;                        /* released keeping an fd of its memory (kept_fd) */
+    int kept_fd;                     /* valid while kept: the memory lives on until it is closed */
+    int intact;                      /* re-created from its kept fd: its bytes are those released */
 };
 
 /* A cuMemMap of any handle, with the access merged over every cuMemSetAccess on it. */
@@ -215,6 +218,8 @@ int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id);
 /* Forget the mappings inside [va, va+size); the export dups of object (kind, id), closed. */
 void gs_forget_maps(CUdeviceptr va, size_t size);
 void gs_forget_exports(int kind, uint64_t id);
+/* The fd a release with keep kept of a's memory, closed (if any). */
+void gs_close_kept(struct gs_alloc *a);
 /* Forget objects the app released that nothing maps any more; close their export dups. */
 void gs_collect(void);
 /* What a checkpoint must refuse (CUDA IPC imports of foreign memory, imports without a known

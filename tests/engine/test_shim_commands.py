@@ -110,3 +110,55 @@ def test_export_of_many_ids_with_one_unknown_sends_no_fd(workload):
     with pytest.raises(ShimError, match="export (failed|gone)"):
         control.request(a.pid, "export", ids=f"{known},999999")
     assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_release_keeping_fds_brings_the_same_bytes_back(lc, workload):
+    """release with keep: each allocation's memory outlives the release through an fd the shim
+    keeps (the tool copies it out from a dup while the driver checkpoints); recreate maps that
+    memory again, bytes and all, and says so (`intact`); drop-kept lets it go."""
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    write(a, "buf", 7)
+    control.quiesce(a.pid)
+    reply, _ = control.request(a.pid, "release", keep="fds")
+    assert (reply["allocations"], reply["kept"]) == (1, 1)
+    alloc = control.status(a.pid)["allocations"][0]
+    assert alloc["dropped"] and alloc["kept"] and not alloc["intact"]
+    _, fds = control.request(a.pid, "export", id=alloc["id"])  # a dup of the kept fd
+    os.close(fds[0])
+    assert control.request(a.pid, "recreate")[0]["recreated"] == 1
+    alloc = control.status(a.pid)["allocations"][0]
+    assert alloc["intact"] and not alloc["kept"] and not alloc["dropped"]
+    control.resume(a.pid)
+    assert values(a, "buf") == [7] * 4  # nothing was loaded: the kept memory itself came back
+
+
+def test_drop_kept_closes_the_kept_fds_and_recreate_then_gives_new_memory(workload):
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    write(a, "buf", 5)
+    control.quiesce(a.pid)
+    control.request(a.pid, "release", keep="fds")
+    open_fds = len(os.listdir(f"/proc/{a.pid}/fd"))
+    assert control.request(a.pid, "drop-kept")[0]["closed"] == 1
+    assert len(os.listdir(f"/proc/{a.pid}/fd")) == open_fds - 1  # the kept fd, closed
+    assert control.request(a.pid, "drop-kept")[0]["closed"] == 0  # idempotent
+    alloc = control.status(a.pid)["allocations"][0]
+    with pytest.raises(ShimError, match="export gone: gone: allocation .* is released"):
+        control.request(a.pid, "export", id=alloc["id"])
+    assert control.request(a.pid, "recreate")[0]["recreated"] == 1
+    assert not control.status(a.pid)["allocations"][0]["intact"]  # new memory: the tool loads it
+    control.resume(a.pid)
+
+
+def test_release_refuses_an_unknown_keep(workload):
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    control.quiesce(a.pid)
+    for keep in ("memory", 1):
+        with pytest.raises(ShimError, match="release bad-request: release: \"keep\" can only be"):
+            control.request(a.pid, "release", keep=keep)
+    assert not control.status(a.pid)["allocations"][0]["dropped"]
+    control.resume(a.pid)
+    with pytest.raises(ShimError, match="drop-kept not-quiesced"):
+        control.request(a.pid, "drop-kept")
