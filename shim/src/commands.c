@@ -320,7 +320,7 @@ static const struct command {
     {"ipcget", 0, 0, 0, 0, cmd_ipcget},
     {"release", 0, 0, 1, 1, cmd_release},
     {"void-exports", 0, 0, 1, 1, cmd_void_exports},
-    {"drop-kept", 0, 0, 1, 1, cmd_drop_kept},
+    {"drop-kept", 0, 0, 1, 0, cmd_drop_kept}, /* its own lock: works with threads frozen */
     {"recreate", 0, 0, 1, 1, cmd_recreate},
     {"adopt", 0, 1, 1, 1, cmd_adopt},
     {"attach", 1, 1, 1, 1, cmd_attach},

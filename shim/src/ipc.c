@@ -115,15 +115,19 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
     if (!a) {
         /* Freed: never export a handle the shim does not hold. */
         snprintf(err, errlen, "gone: allocation %llu no longer exists", (unsigned long long)id);
-    } else if (a->dropped && a->kept) {
+    } else if (a->dropped) {
         /* Released with keep: the tool copies it out from a dup of the kept fd. */
-        *fd_out = fcntl(a->kept_fd, F_DUPFD_CLOEXEC, 0);
-        rc = *fd_out >= 0 ? 0 : -1;
-        if (rc)
+        gs_kept_lock();
+        int kept = gs_kept_find(id);
+        *fd_out = kept >= 0 ? fcntl(kept, F_DUPFD_CLOEXEC, 0) : -1;
+        gs_kept_unlock();
+        if (*fd_out >= 0)
+            rc = 0;
+        else if (kept < 0)
+            snprintf(err, errlen, "gone: allocation %llu is released", (unsigned long long)id);
+        else
             snprintf(err, errlen, "dup of the kept fd of allocation %llu: %s", (unsigned long long)id,
                      strerror(errno));
-    } else if (a->dropped) {
-        snprintf(err, errlen, "gone: allocation %llu is released", (unsigned long long)id);
     } else {
         rc = gs_export_alloc(a, fd_out, err, errlen);
     }

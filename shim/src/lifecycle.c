@@ -192,25 +192,30 @@ static int unmap_kind(int kind, const char *what, int *n_maps, char *err, size_t
  * failure closes those kept here and drops nothing. */
 static int keep_all(int *n_kept, char *err, size_t errlen)
 {
-    for (size_t i = 0; i < gs.allocs.n; i++) {
+    int rc = 0;
+    gs_kept_lock();
+    for (size_t i = 0; i < gs.allocs.n && !rc; i++) {
         struct gs_alloc *a = &gs.allocs.v[i];
-        if (a->dropped || a->kept)
+        int fd;
+        if (a->dropped || gs_kept_find(a->id) >= 0)
             continue;
-        if (gs_export_alloc(a, &a->kept_fd, err, errlen)) {
-            for (size_t j = 0; j < i; j++)
-                if (!gs.allocs.v[j].dropped && gs.allocs.v[j].kept) {
-                    gs_close_kept(&gs.allocs.v[j]);
-                    (*n_kept)--;
-                }
-            char why[200];
-            snprintf(why, sizeof(why), "%s", err);
-            snprintf(err, errlen, "release: keeping %s; nothing of owned memory was released", why);
-            return -1;
+        rc = gs_export_alloc(a, &fd, err, errlen);
+        if (rc == 0) {
+            gs_kept_add(a->id, fd);
+            (*n_kept)++;
         }
-        a->kept = 1;
-        (*n_kept)++;
     }
-    return 0;
+    if (rc) {
+        for (size_t j = 0; j < gs.allocs.n; j++)
+            if (!gs.allocs.v[j].dropped)
+                gs_kept_close(gs.allocs.v[j].id);
+        *n_kept = 0;
+        char why[200];
+        snprintf(why, sizeof(why), "%s", err);
+        snprintf(err, errlen, "release: keeping %s; nothing of owned memory was released", why);
+    }
+    gs_kept_unlock();
+    return rc;
 }
 
 static int release_all(int imports_only, int keep, struct gs_buf *body, char *err, size_t errlen)
@@ -288,13 +293,7 @@ done:
 
 int gs_lc_drop_kept(struct gs_buf *body)
 {
-    int n = 0;
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        if (gs.allocs.v[i].kept) {
-            gs_close_kept(&gs.allocs.v[i]);
-            n++;
-        }
-    gs_buf_printf(body, "\"closed\":%d", n);
+    gs_buf_printf(body, "\"closed\":%d", gs_kept_close_all());
     return 0;
 }
 
@@ -425,17 +424,25 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     int pushed = gs_push_ctx(a->dev);
     CUmemGenericAllocationHandle nh;
     /* Kept memory comes back itself, bytes and all (a devices map cannot move it: it stays where
-     * it is, and the tool only keeps memory for a suspend it has not finished). */
-    CUresult r = create_fresh(a->size, &prop, a->kept ? a->kept_fd : -1, a->h, &nh);
+     * it is, and the tool only keeps memory for a suspend it has not finished). The kept lock is
+     * held until the fd is closed: drop-kept cannot close it under the import. */
+    gs_kept_lock();
+    int kept_fd = gs_kept_find(a->id);
+    CUresult r = create_fresh(a->size, &prop, kept_fd, a->h, &nh);
     if (r != CUDA_SUCCESS) {
+        gs_kept_unlock();
         gs_pop_ctx(pushed);
         snprintf(err, errlen, "recreate: %s of allocation %llu (%zu bytes on device %d): %s",
-                 a->kept ? "cuMemImportFromShareableHandle of its kept fd" : "cuMemCreate",
+                 kept_fd >= 0 ? "cuMemImportFromShareableHandle of its kept fd" : "cuMemCreate",
                  (unsigned long long)a->id, a->size, a->dev, gs_cu_name(r));
         return -1;
     }
     char why[200];
     r = map_dropped(GS_OBJ_ALLOC, a->id, nh, why, sizeof(why));
+    a->intact = r == CUDA_SUCCESS && kept_fd >= 0;
+    if (a->intact)
+        gs_kept_close(a->id);
+    gs_kept_unlock();
     if (r != CUDA_SUCCESS) {
         REAL(cuMemRelease)(nh);
         gs_pop_ctx(pushed);
@@ -464,8 +471,6 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     a->h = nh;
     a->dropped = 0;
     a->remapped = 0;
-    a->intact = a->kept;
-    gs_close_kept(a);
     gs_pop_ctx(pushed);
     return 0;
 }

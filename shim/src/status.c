@@ -59,6 +59,14 @@ static const char *origin_name(int origin)
                                                                                : "cuMemCreate";
 }
 
+static int kept_fd(uint64_t id)
+{
+    gs_kept_lock();
+    int fd = gs_kept_find(id);
+    gs_kept_unlock();
+    return fd;
+}
+
 static void objects_json(struct gs_buf *b, const struct gs_devices *d)
 {
     gs_buf_printf(b, "\"allocations\":[");
@@ -75,7 +83,7 @@ static void objects_json(struct gs_buf *b, const struct gs_devices *d)
                       origin_name(a->origin), a->dev, a->size,
                       (unsigned long long)a->va, a->handle_types, n_exp, a->ipc_handles,
                       a->app_released ? "true" : "false", a->dropped ? "true" : "false",
-                      a->kept ? "true" : "false", a->intact ? "true" : "false");
+                      kept_fd(a->id) >= 0 ? "true" : "false", a->intact ? "true" : "false");
         gpu_json(b, d, a->dev);
         gs_buf_printf(b, "}");
     }

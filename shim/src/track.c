@@ -188,11 +188,51 @@ void gs_forget_exports(int kind, uint64_t id)
     GS_DROP_IF(gs.exports, e->kind == kind && e->obj_id == id, close(e->fd));
 }
 
-void gs_close_kept(struct gs_alloc *a)
+static pthread_mutex_t kept_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    struct gs_kept {
+        uint64_t id;
+        int fd;
+    } *v;
+    size_t n, cap;
+} kept;
+
+void gs_kept_lock(void) { pthread_mutex_lock(&kept_mu); }
+void gs_kept_unlock(void) { pthread_mutex_unlock(&kept_mu); }
+
+int gs_kept_add(uint64_t id, int fd)
 {
-    if (a->kept)
-        close(a->kept_fd);
-    a->kept = 0;
+    *GS_PUSH(kept) = (struct gs_kept){.id = id, .fd = fd};
+    return 0;
+}
+
+int gs_kept_find(uint64_t id)
+{
+    struct gs_kept *k = GS_FIND(kept, e->id == id);
+    return k ? k->fd : -1;
+}
+
+int gs_kept_close(uint64_t id)
+{
+    int n = 0;
+    GS_DROP_IF(kept, e->id == id, close(e->fd); n++);
+    return n;
+}
+
+int gs_kept_close_all(void)
+{
+    gs_kept_lock();
+    int n = (int)kept.n;
+    GS_DROP_IF(kept, 1, close(e->fd));
+    gs_kept_unlock();
+    return n;
+}
+
+void gs_close_kept(const struct gs_alloc *a)
+{
+    gs_kept_lock();
+    gs_kept_close(a->id);
+    gs_kept_unlock();
 }
 
 void gs_collect(void)
@@ -238,8 +278,11 @@ void gs_state_reset_after_fork(void)
     pthread_mutex_init(&state_mu, NULL);
     for (size_t i = 0; i < gs.exports.n; i++)
         close(gs.exports.v[i].fd);
-    for (size_t i = 0; i < gs.allocs.n; i++)
-        gs_close_kept(&gs.allocs.v[i]);
+    pthread_mutex_init(&kept_mu, NULL);
+    gs_kept_close_all(); /* the memory is the parent's to keep */
+    free(kept.v);
+    kept.v = NULL;
+    kept.n = kept.cap = 0;
     for (size_t i = 0; i < gs.imports.n; i++) {
         if (gs.imports.v[i].unresolved_fd >= 0)
             close(gs.imports.v[i].unresolved_fd);

@@ -39,9 +39,7 @@ struct gs_alloc {
     CUmemAllocationProp prop;        /* read at release, for recreate */
     int have_prop;
     int remapped;                    /* dropped, and moved by a devices map (lifecycle.c) */
-    int kept;                        /* released keeping an fd of its memory (kept_fd) */
-    int kept_fd;                     /* valid while kept: the memory lives on until it is closed */
-    int intact;                      /* re-created from its kept fd: its bytes are those released */
+    int intact;                      /* re-created from its kept fd (gs_kept_*): the bytes it had */
 };
 
 /* A cuMemMap of any handle, with the access merged over every cuMemSetAccess on it. */
@@ -218,8 +216,17 @@ int gs_classify_handle(CUmemGenericAllocationHandle h, uint64_t *obj_id);
 /* Forget the mappings inside [va, va+size); the export dups of object (kind, id), closed. */
 void gs_forget_maps(CUdeviceptr va, size_t size);
 void gs_forget_exports(int kind, uint64_t id);
-/* The fd a release with keep kept of a's memory, closed (if any). */
-void gs_close_kept(struct gs_alloc *a);
+/* The fds `release` with keep took of allocations' memory (which lives on while one is open), by
+ * allocation id. They have their own lock, which no application thread ever takes: drop-kept runs
+ * while the group's threads are frozen by ptrace, even one frozen inside the state lock. */
+void gs_kept_lock(void);
+void gs_kept_unlock(void);
+int gs_kept_add(uint64_t id, int fd); /* with gs_kept_lock; the table owns fd from then on */
+int gs_kept_find(uint64_t id);        /* with gs_kept_lock: the kept fd, or -1 */
+int gs_kept_close(uint64_t id);       /* with gs_kept_lock: 1 if one was kept (now closed), else 0 */
+int gs_kept_close_all(void);          /* takes gs_kept_lock itself: how many were closed */
+/* a's kept fd closed, if it has one (takes gs_kept_lock). */
+void gs_close_kept(const struct gs_alloc *a);
 /* Forget objects the app released that nothing maps any more; close their export dups. */
 void gs_collect(void);
 /* What a checkpoint must refuse (CUDA IPC imports of foreign memory, imports without a known
