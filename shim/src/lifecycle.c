@@ -266,7 +266,7 @@ static int release_all(int imports_only, int keep, struct gs_buf *body, char *er
             return -1;
         }
         a->dropped = 1;
-        a->intact = 0;
+        a->intact = a->fresh = 0;
         n_allocs++;
     }
     /* page-locked host memory: unregistered, the memory itself stays where it is */
@@ -440,6 +440,7 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     char why[200];
     r = map_dropped(GS_OBJ_ALLOC, a->id, nh, why, sizeof(why));
     a->intact = r == CUDA_SUCCESS && kept_fd >= 0;
+    a->fresh = r == CUDA_SUCCESS && kept_fd < 0;
     if (a->intact)
         gs_kept_close(a->id);
     gs_kept_unlock();

@@ -78,12 +78,13 @@ static void objects_json(struct gs_buf *b, const struct gs_devices *d)
         gs_buf_printf(b,
                       "%s{\"id\":%llu,\"origin\":\"%s\",\"device\":%d,\"size\":%zu,"
                       "\"va\":%llu,\"handle_types\":%llu,\"exports\":%d,\"ipc_handles\":%d,"
-                      "\"app_released\":%s,\"dropped\":%s,\"kept\":%s,\"intact\":%s",
+                      "\"app_released\":%s,\"dropped\":%s,\"kept\":%s,\"intact\":%s,\"fresh\":%s",
                       i ? "," : "", (unsigned long long)a->id,
                       origin_name(a->origin), a->dev, a->size,
                       (unsigned long long)a->va, a->handle_types, n_exp, a->ipc_handles,
                       a->app_released ? "true" : "false", a->dropped ? "true" : "false",
-                      kept_fd(a->id) >= 0 ? "true" : "false", a->intact ? "true" : "false");
+                      kept_fd(a->id) >= 0 ? "true" : "false", a->intact ? "true" : "false",
+                      a->fresh ? "true" : "false");
         gpu_json(b, d, a->dev);
         gs_buf_printf(b, "}");
     }

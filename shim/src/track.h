@@ -40,6 +40,7 @@ struct gs_alloc {
     int have_prop;
     int remapped;                    /* dropped, and moved by a devices map (lifecycle.c) */
     int intact;                      /* re-created from its kept fd (gs_kept_*): the bytes it had */
+    int fresh;                       /* re-created as new memory: its bytes must be loaded */
 };
 
 /* A cuMemMap of any handle, with the access merged over every cuMemSetAccess on it. */

@@ -128,7 +128,7 @@ def test_release_keeping_fds_brings_the_same_bytes_back(lc, workload):
     os.close(fds[0])
     assert control.request(a.pid, "recreate")[0]["recreated"] == 1
     alloc = control.status(a.pid)["allocations"][0]
-    assert alloc["intact"] and not alloc["kept"] and not alloc["dropped"]
+    assert alloc["intact"] and not alloc["fresh"] and not alloc["kept"] and not alloc["dropped"]
     control.resume(a.pid)
     assert values(a, "buf") == [7] * 4  # nothing was loaded: the kept memory itself came back
 
@@ -147,7 +147,8 @@ def test_drop_kept_closes_the_kept_fds_and_recreate_then_gives_new_memory(worklo
     with pytest.raises(ShimError, match="export gone: gone: allocation .* is released"):
         control.request(a.pid, "export", id=alloc["id"])
     assert control.request(a.pid, "recreate")[0]["recreated"] == 1
-    assert not control.status(a.pid)["allocations"][0]["intact"]  # new memory: the tool loads it
+    alloc = control.status(a.pid)["allocations"][0]
+    assert alloc["fresh"] and not alloc["intact"]  # new memory: the tool loads it
     control.resume(a.pid)
 
 
