@@ -42,6 +42,17 @@ class Exports:
                     return self._ahead.pop(unit.key)
         return export_one(unit, self._timeout_s)
 
+    def fetch_all(self):
+        """An fd of every unit fetched now, for a caller that will take them while the shims may
+        not answer (their threads frozen); the fds already fetched are closed on a failure."""
+        try:
+            for unit in self._units:
+                if unit.key not in self._ahead:
+                    self._ahead[unit.key] = self.take(unit)
+        except BaseException:
+            self.close()
+            raise
+
     def close(self):
         for fd in self._ahead.values():
             os.close(fd)

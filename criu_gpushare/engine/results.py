@@ -28,7 +28,9 @@ def summary(group, what):
             "phases": rounded_phases(group),
             "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
                       "zero": s.zero, "unchanged": s.unchanged, "loaded_ahead": s.ahead},
-            "units": len(group.units), "attachments": len(group.attachments)}
+            "units": len(group.units), "attachments": len(group.attachments),
+            # work that ran beside the phases (the driver's checkpoint beside the save)
+            "overlapped": {k: round(v, 3) for k, v in group.overlapped.items()}}
 
 
 def nothing_moved(state, pids, note):

@@ -101,6 +101,7 @@ class Runner:
                     self._do(name, begin=True)
             except BaseException as e:
                 cause = as_error(e)
+                name = getattr(e, "failed_step", name)  # work a step waited for (the checkpoint)
                 self.group.report(f"rolling back ({', '.join(reversed(self.group.done))})")
                 try:
                     self.undo()

@@ -1,22 +1,32 @@
 """The steps that take a group's GPU state out and bring it back, each one function, and the lists
 they are run in (by engine/runner.py, which records them and rolls back).
 
-Out (IN_PLACE; CRIU's pre-dump adds vacate and stop, CRIU_PRE_DUMP):
+Out (IN_PLACE; CRIU's pre-dump adds vacate and stop, CRIU_PRE_DUMP). The driver's checkpoint runs
+beside the save: the processes drop their memory first, each owner's shim keeping an fd of it, and
+this process copies it out of those fds while the driver checkpoints them (the checkpoint, about
+0.4 s, no longer waits for the whole save). Were this process to die before the save is in the
+store, the kept fds still hold the memory in its processes, and the way back maps it again.
   quiesce   every shim closes its launch gate, drains, closes its memory gate, drains (sequentially;
             a busy shim makes every gate reopen, and the whole quiesce is retried until the timeout);
             then the plan is made again, as the group's memory is now
-  save      every unit of GPU memory (engine/plan.py) is exported by its owner's shim as a POSIX fd,
-            imported into this process and streamed to the chunk store; a manifest and a ref are
-            committed (durable) before anything is dropped
-  release   once every shim is seen to hold exactly the memory saved (else the suspend rolls back),
-            every shim drops its imports, then its own memory (VA reservations kept), unregisters
-            host memory
+  release   once every shim is seen to hold exactly the memory planned (else the suspend rolls
+            back), every shim drops its imports, then its own memory (VA reservations kept),
+            keeping an fd of each allocation, and unregisters host memory; this process takes an
+            fd of every unit then (the save must not need a shim whose threads are frozen). Memory
+            that only an importer holds (its exporter freed it) cannot be kept: a group with such
+            memory, or with more units than this process may open fds, is saved here first, as
+            the save step below would, and its checkpoint waits for the save as before
   void      exported fds the applications still hold are pointed at /dev/null (they would pin the
             dropped memory, and CRIU cannot dump them)
   lock      cuCheckpointProcessLock of every pid at once, with a timeout
   freeze    every CPU thread stopped with ptrace, except the driver's restore thread and the shim's
             (before the checkpoint unmaps memory those threads could touch)
-  checkpoint cuCheckpointProcessCheckpoint of every pid at once
+  checkpoint cuCheckpointProcessCheckpoint of every pid at once, begun in a thread
+  save      every unit of GPU memory (engine/plan.py), from the fds taken at release, imported into
+            this process and streamed to the chunk store; a manifest and a ref are committed
+            (durable); then the checkpoint is waited for (its failure is the step's)
+  unkeep    every shim closes the fds it kept (drop-kept, which needs no lock an application
+            thread could hold): the memory is freed, the store holds it
   vacate    (CRIU only) no process still holds a /dev/nvidia* file or mapping: CRIU could not dump it
   stop      (CRIU only) the frozen processes handed over stopped (SIGSTOP, then let go): no thread
             of theirs runs again before the driver restore, whatever CRIU does in between (it dumps
@@ -29,9 +39,11 @@ Back (UNDO: each runs when the step it undoes was begun):
   unlock    only once every pid is restored, so no process runs without its peers
   thaw      CPU threads restarted (nothing they touch is unmapped any more; their GPU work stays
             waiting at the gates until reopen); signals that arrived meanwhile are delivered
-  recreate  owners re-create their memory at the same addresses (adopters re-create adopted memory)
+  recreate  owners re-create their memory at the same addresses (adopters re-create adopted memory);
+            memory still kept (a save that did not finish) comes back itself, bytes and all
   load      each unit's bytes come back from the store through this process (or from its own GPU
-            memory, where engine/ahead.py read them ahead while the steps above ran)
+            memory, where engine/ahead.py read them ahead while the steps above ran); units that
+            came back intact are not loaded
   attach    importers map the owners' memory again at their own addresses
   reopen    host memory re-registered at the same device pointers, gates opened
 """
@@ -39,6 +51,8 @@ import contextlib
 import dataclasses
 import functools
 import os
+import resource
+import threading
 import time
 
 from .. import waits
@@ -57,16 +71,16 @@ from .handover import HandOver, check_vacated
 from .results import size
 
 QUIESCE_RETRY_S = 0.25
+FD_MARGIN = 256  # fds this process keeps free beside those of the units it holds for the save
 QUIESCE_ANSWER_S = 1.0  # a shim's busy answer, after its drain stages used what was left
 
 # The step lists (run by engine/runner.py).
-IN_PLACE = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint")
+IN_PLACE = ("quiesce", "release", "void", "lock", "freeze", "checkpoint", "save", "unkeep")
 # CRIU seizes the tasks itself, but only after pre-dump returns: the threads are frozen around the
 # driver checkpoint (the long call that unmaps what they could touch) and handed over stopped, so
 # that none runs between our freeze and CRIU's seize, nor between CRIU's restore and ours (JAX's
 # runtime threads crash in that window); the way back takes them again (see _restore).
-CRIU_PRE_DUMP = ("quiesce", "save", "release", "void", "lock", "freeze", "checkpoint", "vacate",
-                 "stop")
+CRIU_PRE_DUMP = IN_PLACE + ("vacate", "stop")
 # Resume and rollback: (step whose effect it undoes, undo step), in the order they run. An undo runs
 # when the step it undoes is recorded as done (begun).
 UNDO = (("checkpoint", "restore"),
@@ -79,6 +93,29 @@ UNDO = (("checkpoint", "restore"),
         ("release", "load"),
         ("release", "attach"),
         ("quiesce", "reopen"))
+
+
+class Beside:
+    """work() run in a thread of its own, now; wait() -> its seconds, or raises its error."""
+
+    def __init__(self, work, name):
+        self._error, self._seconds = None, 0.0
+
+        def run():
+            t = time.monotonic()
+            try:
+                work()
+            except BaseException as e:  # noqa: BLE001 - raised again by wait()
+                self._error = e
+            self._seconds = time.monotonic() - t
+        self._thread = threading.Thread(target=run, name=name, daemon=True)
+        self._thread.start()
+
+    def wait(self):
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return self._seconds
 
 
 @dataclasses.dataclass
@@ -135,6 +172,9 @@ class Group:
         self.manifest_id = None
         self._device_map = None
         self.loading_ahead = None  # a gpu/staging.StagedLoad the load takes from (engine/ahead.py)
+        self.held = None          # Exports: an fd of every unit, taken at release for the save
+        self.checkpointing = None  # Beside: the driver's checkpoint, running beside the save
+        self.overlapped = {}      # seconds of work that ran beside a step (not phases: no sum)
         self.deadline = waits.Deadline(options.timeout_s)  # the running step's (see begin_step)
 
     def begin_step(self, undo=False):
@@ -228,9 +268,10 @@ class Group:
 
     def step(self, name):
         """The function that carries out step `name` (of a step list or of UNDO)."""
-        return {"quiesce": self._quiesce, "save": self._save, "release": self._release,
+        return {"quiesce": self._quiesce, "save": self._save_beside, "release": self._release,
                 "void": self._void, "lock": self._lock, "freeze": self._freeze,
-                "checkpoint": self._checkpoint, "restore": self._restore, "unlock": self._unlock,
+                "checkpoint": self._checkpoint, "unkeep": self._unkeep,
+                "restore": self._restore, "unlock": self._unlock,
                 "thaw": self.handover.thaw, "recreate": self._recreate, "load": self._load,
                 "attach": self._attach, "reopen": self._reopen,
                 "vacate": self._check_vacated, "stop": self._hand_over}[name]
@@ -322,13 +363,23 @@ class Group:
             yield ptr
         fault_point("copy")  # between two units: part of the memory is in the store
 
+    def _save_beside(self):
+        """The save step: the copy (unless the release saved first), then the checkpoint that ran
+        beside it waited for."""
+        if self.manifest_id is None:
+            self._save()
+        t = time.monotonic()
+        self._wait_checkpoint()
+        self.parts.setdefault("save", {})["save: wait for the checkpoint beside it"] = time.monotonic() - t
+
     def _save(self):
+        exports, self.held = self.held or Exports(self.units, self.options.timeout_s), None
         with contextlib.ExitStack() as stack:
+            exports = stack.enter_context(exports)  # closes the fds not taken, whatever happens
             store = stack.enter_context(open_store(self.options.store, create=True))
             session = stack.enter_context(store.begin_write(self.options.ref))
             processes = {}
             total = sum(u.size for u in self.units)
-            exports = stack.enter_context(Exports(self.units, self.options.timeout_s))
             items = [SaveItem(u.key, u.size, self.tool_device(u),
                               functools.partial(self._mapped_for_save, u, exports),
                               {"kind": u.kind, "id": u.id, "device": u.device, "origin": list(u.origin)})
@@ -346,8 +397,8 @@ class Group:
             store.hold(self.options.ref, self.options.hold_kind, pid=self.pids[0])
             t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
-            self.parts["save"] = {**memory_parts("save", step, engine),
-                                  "store commit (sync, manifest, ref)": time.monotonic() - t}
+            self.parts.setdefault("save", {}).update({**memory_parts("save", step, engine),
+                                  "store commit (sync, manifest, ref)": time.monotonic() - t})
 
     def _progress(self, total, verb):
         """A line a second on long copies: bytes so far, rate, time left."""
@@ -366,10 +417,36 @@ class Group:
 
     def _release(self):
         self._check_unchanged()
+        keep = self._can_keep()
+        if not keep:
+            t = time.monotonic()
+            self._save()  # in the store before anything is dropped, as the save step would
+            self.parts.setdefault("release", {})["release: save first (memory that cannot be kept)"] = \
+                time.monotonic() - t
         # Every importer first, then the owners: a failure half-way never leaves an import mapping
         # memory that the rollback re-creates elsewhere.
         self._each_shim("release", only="imports")
-        self._each_shim("release")
+        if keep:
+            self._each_shim("release", keep="fds")
+            self.held = Exports(self.units, self.deadline.left())
+            self.held.fetch_all()
+        else:
+            self._each_shim("release")
+
+    def _can_keep(self):
+        """Whether the save can run after the release, beside the checkpoint: every unit is an
+        allocation its owner's shim can keep, and this process may hold an fd of each at once."""
+        if any(u.kind != "allocation" for u in self.units):
+            return False
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft != hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        return soft == resource.RLIM_INFINITY or \
+            len(self.units) + len(os.listdir("/proc/self/fd")) + FD_MARGIN <= soft
+
+    def _unkeep(self):
+        self._each_shim("drop-kept")
 
     def _void(self):
         self._each_shim("void-exports")
@@ -384,8 +461,23 @@ class Group:
             ck.raise_first(ck.lock_all(self.pids_with_cuda(), ms))
 
     def _checkpoint(self):
-        with self._driver_lock():  # two processes calling at once hang the driver
-            ck.raise_first(ck.checkpoint_all(self.pids_with_cuda()))
+        """Begun in a thread: the save step runs beside it, and waits for it at its end."""
+        pids, lock_s = self.pids_with_cuda(), self.deadline.left()
+
+        def checkpoint():
+            with ck.DriverLock(timeout_s=lock_s):  # two processes calling at once hang the driver
+                ck.raise_first(ck.checkpoint_all(pids))
+        self.checkpointing = Beside(checkpoint, "checkpoint")
+
+    def _wait_checkpoint(self):
+        """The checkpoint begun beside the save, ended: its failure raised (once)."""
+        beside, self.checkpointing = self.checkpointing, None
+        if beside is not None:
+            try:
+                self.overlapped["checkpoint (beside the save)"] = beside.wait()
+            except BaseException as e:
+                e.failed_step = "checkpoint"  # engine/runner.py names it, not the save
+                raise
 
     def _freeze(self):
         # Only processes with CUDA state lose mappings at the checkpoint; the others run on.
@@ -400,6 +492,9 @@ class Group:
     # -- resume and rollback -------------------------------------------------------------------
 
     def _restore(self):
+        if self.checkpointing is not None:  # a rollback while it runs: its outcome is read below
+            with contextlib.suppress(Exception):
+                self._wait_checkpoint()
         if "stop" in self.done:
             self.handover.take_back(self.pids_with_cuda(), self.deadline)
         todo = [p for p in self.pids_with_cuda()
@@ -434,11 +529,26 @@ class Group:
     def _open_for_load(self):
         return open_for_load(self.options, self.report)
 
+    def _to_load(self):
+        """The units whose bytes must come from the store: every one, but allocations their shim
+        has whole (kept by a release whose save may not have finished, or re-created from what
+        it kept, or never released)."""
+        whole = set()
+        for m in self.members:
+            if m.status is None:
+                continue
+            for a in control.status(m.pid, timeout=self.deadline.left()).get("allocations", []):
+                if "fresh" not in a:  # a shim older than keeping: everything is loaded, as it was
+                    continue
+                if a["kept"] or a["intact"] or not (a["dropped"] or a["fresh"]):
+                    whole.add((m.pid, a["id"]))
+        return [u for u in self.units if u.kind != "allocation" or (u.owner, u.id) not in whole]
+
     def check_loadable(self):
         """Before a resume changes anything: every chunk the load will read is in the store or the
         node cache. StoreError naming the first problems; the group stays as it is."""
-        if "release" not in self.done:
-            return  # nothing was released: nothing to load
+        if "release" not in self.done or not self._to_load():
+            return  # nothing was released, or all of it is still kept: nothing to load
         with self._open_for_load() as store:
             if self.manifest is None:
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
@@ -450,18 +560,21 @@ class Group:
         staged = {}
         try:
             staged = self._loaded_ahead()
+            units = self._to_load()
+            if not units:
+                return  # every unit came back whole (a rollback before its save was stored)
             with self._open_for_load() as store:
                 if self.manifest is None:  # a resume in a process other than the one that saved
                     self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
                 allocs = {a.key: a for p in self.manifest.processes for a in p.allocations}
-                total = sum(u.size for u in self.units)
-                with Exports(self.units, waits.UNDO_WAIT_S) as exports, \
+                total = sum(u.size for u in units)
+                with Exports(units, waits.UNDO_WAIT_S) as exports, \
                         CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
                                    progress=self._progress(total, "loaded")) as engine:
                     items = [LoadItem(allocs[u.manifest_key], self.tool_device(u),
                                       functools.partial(self._mapped, u, exports),
                                       staged=staged.get(u.manifest_key))
-                             for u in self.units]
+                             for u in units]
                     step = CopyStats()  # this step's own totals (self.stats sums every step)
                     loaded = engine.load_all(items)
                     for stats in loaded:

@@ -338,10 +338,11 @@ int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen)
     }
     int dfd = dirfd(d);
     struct dirent *de;
+    gs_kept_lock(); /* the fds release kept share their open file with exports: never voided */
     while ((de = readdir(d))) {
         char *end;
         long fd = strtol(de->d_name, &end, 10);
-        if (*end || de->d_name[0] == '.' || fd == dfd || fd == null_fd)
+        if (*end || de->d_name[0] == '.' || fd == dfd || fd == null_fd || gs_kept_is((int)fd))
             continue;
         for (size_t i = 0; i < gs.exports.n; i++) {
             struct gs_export *e = &gs.exports.v[i];
@@ -351,6 +352,7 @@ int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen)
             if (dup3(null_fd, (int)fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0) < 0) {
                 snprintf(err, errlen, "void-exports: dup3 of /dev/null onto fd %ld: %s", fd,
                          strerror(errno));
+                gs_kept_unlock();
                 closedir(d);
                 close(null_fd);
                 return -1;
@@ -359,6 +361,7 @@ int gs_lc_void_exports(struct gs_buf *body, char *err, size_t errlen)
             break;
         }
     }
+    gs_kept_unlock();
     closedir(d);
     close(null_fd);
     GS_DROP_IF(gs.exports, export_voidable(e), close(e->fd); n_closed++);

@@ -212,6 +212,11 @@ int gs_kept_find(uint64_t id)
     return k ? k->fd : -1;
 }
 
+int gs_kept_is(int fd)
+{
+    return GS_FIND(kept, e->fd == fd) != NULL;
+}
+
 int gs_kept_close(uint64_t id)
 {
     int n = 0;

@@ -224,6 +224,7 @@ void gs_kept_lock(void);
 void gs_kept_unlock(void);
 int gs_kept_add(uint64_t id, int fd); /* with gs_kept_lock; the table owns fd from then on */
 int gs_kept_find(uint64_t id);        /* with gs_kept_lock: the kept fd, or -1 */
+int gs_kept_is(int fd);               /* with gs_kept_lock: whether fd is a kept fd */
 int gs_kept_close(uint64_t id);       /* with gs_kept_lock: 1 if one was kept (now closed), else 0 */
 int gs_kept_close_all(void);          /* takes gs_kept_lock itself: how many were closed */
 /* a's kept fd closed, if it has one (takes gs_kept_lock). */

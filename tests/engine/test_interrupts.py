@@ -30,7 +30,7 @@ def test_ctrl_c_on_suspend_cancels_and_rolls_back(lc, workload, tmp_path):
     pause = tmp_path / "pause"
     r = interrupt(["suspend", a.pid, b.pid], paused_env(lc.tool, "save", pause), pause)
     assert r.returncode == 17, r.stderr + lc.holder_log()
-    assert "suspend cancelled by an interrupt at step release" in r.stderr, r.stderr
+    assert "suspend cancelled by an interrupt at step unkeep" in r.stderr, r.stderr
     assert "rolled back, the workload runs as before" in r.stderr
     assert "Traceback" not in r.stderr and "Aborted" not in r.stderr
     assert_running_as_before(lc, a, b)

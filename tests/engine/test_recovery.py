@@ -24,8 +24,8 @@ def assert_back(lc, a, b):
     assert_shared(a, b)
 
 
-@pytest.mark.parametrize("phase", ["quiesce", "copy", "save", "release", "void", "lock", "freeze",
-                                   "checkpoint"])
+@pytest.mark.parametrize("phase", ["quiesce", "release", "void", "lock", "freeze", "checkpoint",
+                                   "copy", "save", "unkeep"])
 def test_holder_killed_during_suspend(lc, workload, tmp_path, phase):
     a, b = pair(lc, workload, tmp_path)
     r = suspend(lc, a.pid, b.pid, ok=False, env=dict(lc.tool, CRIU_GPUSHARE_FAULT=f"{phase}:kill"))

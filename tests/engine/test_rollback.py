@@ -5,7 +5,9 @@ import os
 
 import pytest
 
-from lctest import (assert_runs_as_before, assert_shared, device_usage, pair, resume, shim_state,
+from criu_gpushare.shimctl import client as control
+
+from lctest import (assert_runs_as_before, assert_shared, pair, resume, shim_state,
                     suspend, values, wait_for, write)
 from shimtest import fake_only
 
@@ -19,16 +21,17 @@ ROLLED_BACK = "rolled back, the workload runs as before"
 ])
 def test_driver_failure_rolls_back(lc, workload, tmp_path, step, fail):
     a, b = pair(lc, workload, tmp_path)
-    usage = device_usage(lc, a.pid)
     r = suspend(lc, a.pid, b.pid, ok=False, env=dict(lc.tool, FAKECUDA_FAIL=fail))
     assert r.returncode != 0
     assert f"failed at step {step}" in r.stderr and ROLLED_BACK in r.stderr, r.stderr
-    assert device_usage(lc, a.pid) == usage
+    # its memory came back as the memory its shim kept, untouched (no load needed)
+    assert all(x["intact"] for x in control.status(a.pid)["allocations"])
+    assert "load..." in r.stderr and "loaded" not in r.stderr, r.stderr
     assert_runs_as_before(lc, a, b)
 
 
-@pytest.mark.parametrize("step", ["quiesce", "save", "release", "void", "lock", "freeze",
-                                  "checkpoint"])
+@pytest.mark.parametrize("step", ["quiesce", "release", "void", "lock", "freeze", "checkpoint",
+                                  "save", "unkeep"])
 def test_failure_after_each_step_rolls_back(lc, workload, tmp_path, step):
     """Every suspend step, failing after it did its work, is undone with the steps before it."""
     a, b = pair(lc, workload, tmp_path)
@@ -162,9 +165,9 @@ def test_status_json_shows_state(lc, workload, tmp_path):
 
 @fake_only
 def test_failed_rollback_keeps_the_group_held_for_resume(lc, workload, tmp_path):
-    """The lock fails, then the rollback's re-creation fails too (the exporter's 2nd cuMemCreate):
-    the group stays held, and `resume` retries the rollback."""
-    a, b = pair(lc, workload, tmp_path, a_env={"FAKECUDA_FAIL": "cuMemCreate=2"})
+    """The lock fails, then the rollback's re-creation fails too (the exporter's first import: of
+    the memory its shim kept): the group stays held, and `resume` retries the rollback."""
+    a, b = pair(lc, workload, tmp_path, a_env={"FAKECUDA_FAIL": "cuMemImportFromShareableHandle=1"})
     r = suspend(lc, a.pid, b.pid, ok=False,
                 env=dict(lc.tool, FAKECUDA_FAIL="cuCheckpointProcessLock=1"))
     assert r.returncode != 0

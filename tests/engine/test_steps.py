@@ -51,9 +51,10 @@ def test_in_place_is_the_criu_list_without_its_criu_steps():
 
 def test_what_each_step_changes_is_undone_and_nothing_else():
     undone = {step for step, _ in UNDO}
-    # save only writes the store; void cannot be undone (fds the program kept stay /dev/null);
-    # vacate only checks; stop is undone by restore (it takes stopped processes back)
-    assert undone == set(IN_PLACE) - {"save", "void"}
+    # save only writes the store; void cannot be undone (fds the program kept stay /dev/null), nor
+    # unkeep (the memory kept for the save is freed once the store holds it); vacate only checks;
+    # stop is undone by restore (it takes stopped processes back)
+    assert undone == set(IN_PLACE) - {"save", "void", "unkeep"}
     back = [undo for _, undo in UNDO]
     assert back.index("restore") < back.index("unlock") < back.index("thaw")  # no process runs
     assert back.index("recreate") < back.index("load") < back.index("attach")  # before its peers
