@@ -438,10 +438,8 @@ class Group:
         allocation its owner's shim can keep, and this process may hold an fd of each at once."""
         if any(u.kind != "allocation" for u in self.units):
             return False
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != hard:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
+        # not raised here: CRIU, started from this process, sets its own limit from this one
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         return soft == resource.RLIM_INFINITY or \
             len(self.units) + len(os.listdir("/proc/self/fd")) + FD_MARGIN <= soft
 
@@ -546,15 +544,27 @@ class Group:
 
     def check_loadable(self):
         """Before a resume changes anything: every chunk the load will read is in the store or the
-        node cache. StoreError naming the first problems; the group stays as it is."""
-        if "release" not in self.done or not self._to_load():
-            return  # nothing was released, or all of it is still kept: nothing to load
+        node cache. StoreError naming the first problems; the group stays as it is. (The shims are
+        not asked: the processes may be stopped yet.)"""
+        if "release" not in self.done:
+            return  # nothing was released: nothing to load
+        if "unkeep" not in self.done and not self._ref_exists():
+            return  # the save was not stored: the shims still keep the memory, the load reads none
         with self._open_for_load() as store:
             if self.manifest is None:
                 self.manifest = store.read_manifest(store.read_ref(self.options.ref).manifest)
             check_readable(store, self.manifest, self.options.ref,
                            "nothing was changed, the processes stay suspended: repair the store "
                            "(or point --store at a copy) and resume again")
+
+    def _ref_exists(self):
+        from ..errors import StoreError
+        try:
+            with self._open_for_load() as store:
+                store.read_ref(self.options.ref)
+            return True
+        except StoreError:
+            return False
 
     def _load(self):
         staged = {}

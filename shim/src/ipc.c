@@ -115,21 +115,22 @@ int gs_export_id(uint64_t id, int *fd_out, char *err, size_t errlen)
     if (!a) {
         /* Freed: never export a handle the shim does not hold. */
         snprintf(err, errlen, "gone: allocation %llu no longer exists", (unsigned long long)id);
-    } else if (a->dropped) {
-        /* Released with keep: the tool copies it out from a dup of the kept fd. */
+    } else {
+        /* Released with keep (the tool copies it out), or memory a recreate imported from what
+         * it kept (the driver exports no imported handle): a dup of that fd. */
         gs_kept_lock();
         int kept = gs_kept_find(id);
         *fd_out = kept >= 0 ? fcntl(kept, F_DUPFD_CLOEXEC, 0) : -1;
         gs_kept_unlock();
         if (*fd_out >= 0)
             rc = 0;
-        else if (kept < 0)
-            snprintf(err, errlen, "gone: allocation %llu is released", (unsigned long long)id);
-        else
+        else if (kept >= 0)
             snprintf(err, errlen, "dup of the kept fd of allocation %llu: %s", (unsigned long long)id,
                      strerror(errno));
-    } else {
-        rc = gs_export_alloc(a, fd_out, err, errlen);
+        else if (a->dropped)
+            snprintf(err, errlen, "gone: allocation %llu is released", (unsigned long long)id);
+        else
+            rc = gs_export_alloc(a, fd_out, err, errlen);
     }
     gs_unlock();
     return rc;

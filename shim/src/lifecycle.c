@@ -192,8 +192,10 @@ static int unmap_kind(int kind, const char *what, int *n_maps, char *err, size_t
  * failure closes those kept here and drops nothing. */
 static int keep_all(int *n_kept, char *err, size_t errlen)
 {
+    enum { MADE_NOW = -1 }; /* an entry this call made, until every allocation has one */
     int rc = 0;
     gs_kept_lock();
+    /* an fd of each allocation that has none (memory a recreate imported has its source fd) */
     for (size_t i = 0; i < gs.allocs.n && !rc; i++) {
         struct gs_alloc *a = &gs.allocs.v[i];
         int fd;
@@ -202,19 +204,27 @@ static int keep_all(int *n_kept, char *err, size_t errlen)
         rc = gs_export_alloc(a, &fd, err, errlen);
         if (rc == 0) {
             gs_kept_add(a->id, fd);
+            gs_kept_hold(a->id, MADE_NOW);
+        }
+    }
+    for (size_t i = 0; i < gs.allocs.n; i++) {
+        const struct gs_alloc *a = &gs.allocs.v[i];
+        if (a->dropped || gs_kept_find(a->id) < 0)
+            continue;
+        if (rc) {
+            if (gs_kept_state(a->id) == MADE_NOW)
+                gs_kept_close(a->id);
+        } else {
+            gs_kept_hold(a->id, 1);
             (*n_kept)++;
         }
     }
+    gs_kept_unlock();
     if (rc) {
-        for (size_t j = 0; j < gs.allocs.n; j++)
-            if (!gs.allocs.v[j].dropped)
-                gs_kept_close(gs.allocs.v[j].id);
-        *n_kept = 0;
         char why[200];
         snprintf(why, sizeof(why), "%s", err);
         snprintf(err, errlen, "release: keeping %s; nothing of owned memory was released", why);
     }
-    gs_kept_unlock();
     return rc;
 }
 
@@ -267,6 +277,8 @@ static int release_all(int imports_only, int keep, struct gs_buf *body, char *er
         }
         a->dropped = 1;
         a->intact = a->fresh = 0;
+        if (!keep) /* the source fd of memory a recreate imported would pin it */
+            gs_close_kept(a);
         n_allocs++;
     }
     /* page-locked host memory: unregistered, the memory itself stays where it is */
@@ -293,7 +305,7 @@ done:
 
 int gs_lc_drop_kept(struct gs_buf *body)
 {
-    gs_buf_printf(body, "\"closed\":%d", gs_kept_close_all());
+    gs_buf_printf(body, "\"closed\":%d", gs_kept_close_all(1));
     return 0;
 }
 
@@ -445,7 +457,7 @@ static int recreate_one(struct gs_alloc *a, char *err, size_t errlen)
     a->intact = r == CUDA_SUCCESS && kept_fd >= 0;
     a->fresh = r == CUDA_SUCCESS && kept_fd < 0;
     if (a->intact)
-        gs_kept_close(a->id);
+        gs_kept_hold(a->id, 0); /* now its source: its exports are dups of it */
     gs_kept_unlock();
     if (r != CUDA_SUCCESS) {
         REAL(cuMemRelease)(nh);

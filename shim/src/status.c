@@ -59,12 +59,12 @@ static const char *origin_name(int origin)
                                                                                : "cuMemCreate";
 }
 
-static int kept_fd(uint64_t id)
+static int kept_held(uint64_t id)
 {
     gs_kept_lock();
-    int fd = gs_kept_find(id);
+    int held = gs_kept_held(id);
     gs_kept_unlock();
-    return fd;
+    return held;
 }
 
 static void objects_json(struct gs_buf *b, const struct gs_devices *d)
@@ -83,7 +83,7 @@ static void objects_json(struct gs_buf *b, const struct gs_devices *d)
                       origin_name(a->origin), a->dev, a->size,
                       (unsigned long long)a->va, a->handle_types, n_exp, a->ipc_handles,
                       a->app_released ? "true" : "false", a->dropped ? "true" : "false",
-                      kept_fd(a->id) >= 0 ? "true" : "false", a->intact ? "true" : "false",
+                      kept_held(a->id) ? "true" : "false", a->intact ? "true" : "false",
                       a->fresh ? "true" : "false");
         gpu_json(b, d, a->dev);
         gs_buf_printf(b, "}");

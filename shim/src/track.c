@@ -193,6 +193,7 @@ static struct {
     struct gs_kept {
         uint64_t id;
         int fd;
+        int held; /* else the source of the live allocation id */
     } *v;
     size_t n, cap;
 } kept;
@@ -202,8 +203,26 @@ void gs_kept_unlock(void) { pthread_mutex_unlock(&kept_mu); }
 
 int gs_kept_add(uint64_t id, int fd)
 {
-    *GS_PUSH(kept) = (struct gs_kept){.id = id, .fd = fd};
+    *GS_PUSH(kept) = (struct gs_kept){.id = id, .fd = fd, .held = 1};
     return 0;
+}
+
+int gs_kept_held(uint64_t id)
+{
+    return gs_kept_state(id) == 1;
+}
+
+int gs_kept_state(uint64_t id)
+{
+    struct gs_kept *k = GS_FIND(kept, e->id == id);
+    return k ? k->held : 0;
+}
+
+void gs_kept_hold(uint64_t id, int held)
+{
+    struct gs_kept *k = GS_FIND(kept, e->id == id);
+    if (k)
+        k->held = held;
 }
 
 int gs_kept_find(uint64_t id)
@@ -224,11 +243,11 @@ int gs_kept_close(uint64_t id)
     return n;
 }
 
-int gs_kept_close_all(void)
+int gs_kept_close_all(int held_only)
 {
+    int n = 0;
     gs_kept_lock();
-    int n = (int)kept.n;
-    GS_DROP_IF(kept, 1, close(e->fd));
+    GS_DROP_IF(kept, e->held == 1 || !held_only, close(e->fd); n++);
     gs_kept_unlock();
     return n;
 }
@@ -284,7 +303,7 @@ void gs_state_reset_after_fork(void)
     for (size_t i = 0; i < gs.exports.n; i++)
         close(gs.exports.v[i].fd);
     pthread_mutex_init(&kept_mu, NULL);
-    gs_kept_close_all(); /* the memory is the parent's to keep */
+    gs_kept_close_all(0); /* the memory is the parent's to keep */
     free(kept.v);
     kept.v = NULL;
     kept.n = kept.cap = 0;

@@ -219,14 +219,20 @@ void gs_forget_maps(CUdeviceptr va, size_t size);
 void gs_forget_exports(int kind, uint64_t id);
 /* The fds `release` with keep took of allocations' memory (which lives on while one is open), by
  * allocation id. They have their own lock, which no application thread ever takes: drop-kept runs
- * while the group's threads are frozen by ptrace, even one frozen inside the state lock. */
+ * while the group's threads are frozen by ptrace, even one frozen inside the state lock. An entry
+ * is "held" from release until recreate imports it again; then it is the live allocation's source,
+ * kept for its exports (a driver will not export an imported handle) until the next release holds
+ * it again or the allocation goes. */
 void gs_kept_lock(void);
 void gs_kept_unlock(void);
-int gs_kept_add(uint64_t id, int fd); /* with gs_kept_lock; the table owns fd from then on */
-int gs_kept_find(uint64_t id);        /* with gs_kept_lock: the kept fd, or -1 */
-int gs_kept_is(int fd);               /* with gs_kept_lock: whether fd is a kept fd */
+int gs_kept_add(uint64_t id, int fd); /* with gs_kept_lock; the table owns fd from then on (held) */
+int gs_kept_find(uint64_t id);        /* with gs_kept_lock: the fd (held or source), or -1 */
+int gs_kept_held(uint64_t id);        /* with gs_kept_lock: whether a held fd is kept for id */
+int gs_kept_state(uint64_t id);       /* with gs_kept_lock: the value gs_kept_hold gave, 0 if none */
+void gs_kept_hold(uint64_t id, int held); /* with gs_kept_lock: held, or the live one's source */
+int gs_kept_is(int fd);               /* with gs_kept_lock: whether fd is one of the table's */
 int gs_kept_close(uint64_t id);       /* with gs_kept_lock: 1 if one was kept (now closed), else 0 */
-int gs_kept_close_all(void);          /* takes gs_kept_lock itself: how many were closed */
+int gs_kept_close_all(int held_only); /* takes gs_kept_lock itself: how many were closed */
 /* a's kept fd closed, if it has one (takes gs_kept_lock). */
 void gs_close_kept(const struct gs_alloc *a);
 /* Forget objects the app released that nothing maps any more; close their export dups. */

@@ -220,3 +220,20 @@ def test_memory_allocated_during_the_suspend_is_refused_before_anything_is_relea
     assert ROLLED_BACK in r.stderr
     assert shim_state(lc, a.pid) == "running"
     assert values(a, "keep") == [9] * 4
+
+
+def test_a_rollback_from_kept_memory_lets_the_memory_be_shared_and_suspended_again(lc, workload, tmp_path):
+    """The exporter's memory came back as the memory its shim kept (an import of its own fd, which
+    the driver will not export again): the importer attaches to it, and the next suspend and
+    resume of the group move it as any other memory."""
+    a, b = pair(lc, workload, tmp_path)
+    r = suspend(lc, a.pid, b.pid, ok=False, env=dict(lc.tool, CRIU_GPUSHARE_FAULT="freeze"))
+    assert ROLLED_BACK in r.stderr, r.stderr
+    assert all(x["intact"] for x in control.status(a.pid)["allocations"])
+    assert_runs_as_before(lc, a, b)
+    write(a, "buf", 9)
+    suspend(lc, a.pid, b.pid)
+    assert not any(x["kept"] for x in control.status(a.pid)["allocations"])  # dropped: freed
+    resume(lc, a.pid)
+    assert values(b, "buf") == [9] * 4
+    assert_shared(a, b, value=9)

@@ -276,6 +276,8 @@ FK_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocatio
     CUresult r = CUDA_SUCCESS;
     if (!p || p->handle_held <= 0 || p->memfd < 0) r = CUDA_ERROR_INVALID_HANDLE;
     else if (!(p->handle_types & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)) r = CUDA_ERROR_INVALID_VALUE;
+    /* The real driver exports no imported handle (INVALID_VALUE, driver 580 on the H200). */
+    else if (p->kind == FK_PHYS_IMPORT) r = CUDA_ERROR_INVALID_VALUE;
     else {
         /* The app owns this fd; like the driver's export it is not close-on-exec. */
         int fd = fcntl(p->memfd, F_DUPFD, 3);

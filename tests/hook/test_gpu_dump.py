@@ -663,7 +663,7 @@ def test_ctrl_c_on_dump_cancels_and_rolls_back(env, tree, tmp_path):
     pause = tmp_path / "pause"
     r = interrupt(["dump", parent.pid, tmp_path / "images"], paused_env(env["tool"], "save", pause), pause)
     assert r.returncode == 17, r.stderr
-    assert "dump cancelled by an interrupt at step release" in r.stderr and "rolled back" in r.stderr, r.stderr
+    assert "dump cancelled by an interrupt at step unkeep" in r.stderr and "rolled back" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "Aborted" not in r.stderr
     assert_back(env, a, b)
     refs = tmp_path / "store" / "refs"
