@@ -96,8 +96,10 @@ def format_table(rows, title=""):
     lines.append("phases (s; out | back; tool rows: its own --json figures, wall = command incl. start-up):")
     for r in rows:
         if r.out_phases or r.back_phases or r.out_wall_s:
+            beside = r.extra.get("overlapped") or {}
             lines.append(f"  {r.workload}/{r.path}/{r.store}: {_phases(r.out_phases)} | {_phases(r.back_phases)}"
-                         f"  (wall {_num(r.out_wall_s, '.2f')} | {_num(r.back_wall_s, '.2f')})")
+                         f"  (wall {_num(r.out_wall_s, '.2f')} | {_num(r.back_wall_s, '.2f')})"
+                         + (f"  [beside the phases: {_phases(beside)}]" if beside else ""))
     lines.append("x drv = driver-only seconds / this row's seconds (above 1: faster than the driver alone)")
     return "\n".join(lines)
 
@@ -380,6 +382,7 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout, between=None):
     row.out_phases = out.phases() if out.ok else {}
     row.extra["out_bytes"] = (out.summary or {}).get("bytes") if out.ok else None
     row.extra["units"] = (out.summary or {}).get("units") if out.ok else None
+    row.extra["overlapped"] = (out.summary or {}).get("overlapped") if out.ok else None
     if not out.ok:
         row.status, row.out_s = f"fails: {out_args[0]} {out.why()}", None
         return False

@@ -517,6 +517,9 @@ class Group:
             ck.raise_first(ck.unlock_all(locked, self.deadline.left()))
 
     def _recreate(self):
+        if self.held is not None:  # a rollback before the save took them: they pin the memory
+            self.held.close()
+            self.held = None
         for pid in self.shim_pids:
             control.request(pid, "recreate", timeout=self.deadline.left(), **self._devices_field(pid))
         for unit in self.units:
