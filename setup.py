@@ -128,4 +128,6 @@ def shim_extension():
 
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it for its helpers
-    setup(ext_modules=[shim_extension()], cmdclass={"build_ext": BuildShim})
+    # criu-gpushare-hook is a shell launcher (it answers the actions we ignore without Python)
+    setup(ext_modules=[shim_extension()], cmdclass={"build_ext": BuildShim},
+          scripts=["hooks/criu-gpushare-hook"])

@@ -17,6 +17,7 @@ CRIU holds the tasks seized between pre-dump and its exit, and no driver checkpo
 a seized task: that is why the GPU state comes back only after CRIU is done.
 """
 import os
+import time
 
 from ..criu.images import dump_succeeded
 from ..errors import GroupHeld, StoreError
@@ -71,20 +72,24 @@ class DumpJob:
     def begin(self):
         """-> True when the tree had GPU state (then after_criu must run once CRIU exits)."""
         pids = self.pids
+        t = time.monotonic()
         self.journal = jn.Journal.create("dump", pids, jn.DUMPING, options=self.options,
                                          images_dir=self.images_dir)
         try:
             self.group = Group(pids, self.options, self.report)
             self.group.discover()
+            self.group.times["discover"] = time.monotonic() - t  # the journal made too
             manifest_id = None
             if self.group.has_gpu_state:
                 Runner(self.group, self.journal, self.cancel).run(CRIU_PRE_DUMP, verb="dump")  # records the group
                 manifest_id = self.group.manifest_id
+            t = time.monotonic()
             nspids = {p: control.ns_pid(p) for p in pids}
             gpus = gpu_inventory() if self.group.has_gpu_state else []
             record.write(self.images_dir, record.make(self.group, self.options.store, self.ref,
                                                       manifest_id, gpus, nspids, control.PROTOCOL,
                                                       options=self.options))
+            self.group.times["record"] = time.monotonic() - t
         except GroupHeld as e:
             self.journal.set(state=jn.HELD, error=str(e))
             raise

@@ -106,7 +106,7 @@ class Dump:
             if action == "pre-dump":
                 state["gpu"] = gpu_out.result()
                 clock.absorb(results.phases(job.group.times, job.group.parts) if state["gpu"] else {},
-                             "criu start; gpu out: plan, journal, record")
+                             "criu start; gpu out: other")
             elif action == "post-dump":
                 if interrupt.requested():  # CRIU then fails the dump and lets the tree run on
                     raise Cancelled(f"dump of {pid} cancelled by an interrupt at CRIU's post-dump: the "

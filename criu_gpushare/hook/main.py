@@ -1,4 +1,5 @@
-"""`criu-gpushare-hook`: the program CRIU runs as its action script (hooks/README.md is the contract).
+"""The actions of `criu-gpushare-hook`, CRIU's action script (hooks/README.md is the contract): its
+shell launcher runs this, through hook/entry.py, for the actions it uses.
 
 CRIU runs it with no arguments, stdin closed, stdout/stderr in CRIU's log, the action in
 CRTOOLS_SCRIPT_ACTION. Each action it uses is one function of ACTIONS; every other action exits 0.

@@ -84,6 +84,82 @@ def test_the_contract_lists_the_actions_in_criu_order():
     assert [r for r in rows if r in criu_order] == criu_order
 
 
+LAUNCHER = os.path.join(os.path.dirname(__file__), "..", "..", "hooks", "criu-gpushare-hook")
+
+
+def launcher_actions():
+    """The actions hooks/criu-gpushare-hook hands to Python: the first pattern of its case."""
+    with open(LAUNCHER) as f:
+        for line in f:
+            if line.rstrip().endswith(") ;;") and not line.lstrip().startswith("*"):
+                return {a.strip() for a in line.rstrip()[:-len(") ;;")].split("|")}
+    raise AssertionError("no action pattern in the launcher")
+
+
+def test_the_launcher_hands_python_exactly_the_actions_the_hook_uses():
+    from criu_gpushare.hook.main import ACTIONS
+    assert launcher_actions() == set(ACTIONS)
+
+
+def launcher_in(tmp_path, actions_program):
+    """A copy of the launcher in a bin directory of its own, beside a stand-in for
+    criu-gpushare-hook-actions (None: none there), and a link to it from elsewhere (a node's
+    /usr/local/bin/criu-gpushare-hook may be one)."""
+    bin_dir, elsewhere = tmp_path / "bin", tmp_path / "elsewhere"
+    bin_dir.mkdir()
+    elsewhere.mkdir()
+    launcher = bin_dir / "criu-gpushare-hook"
+    launcher.write_text(open(LAUNCHER).read())
+    launcher.chmod(0o755)
+    if actions_program is not None:
+        actions = bin_dir / "criu-gpushare-hook-actions"
+        actions.write_text(actions_program)
+        actions.chmod(0o755)
+    (elsewhere / "criu-gpushare-hook").symlink_to(launcher)
+    return launcher, elsewhere / "criu-gpushare-hook"
+
+
+@pytest.mark.parametrize("action", ["network-lock", "setup-namespaces", "pre-resume", "status-ready",
+                                    "some-future-action", ""])
+def test_the_launcher_lets_criu_proceed_at_the_actions_it_ignores_without_starting_python(
+        action, tmp_path):
+    """CRIU waits for its action script at every action: those of none of ours end in the shell.
+    No Python is on its PATH here, and the program it would run fails: neither is reached."""
+    launcher, _ = launcher_in(tmp_path, "#!/bin/sh\nexit 97\n")
+    r = subprocess.run([str(launcher)], env={"PATH": "/nonexistent", "CRTOOLS_SCRIPT_ACTION": action},
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_the_launcher_runs_the_actions_program_beside_it_with_criu_s_environment(tmp_path, through_link):
+    """An action of ours runs criu-gpushare-hook-actions from the launcher's own directory (through
+    a link to the launcher too), with CRIU's environment, its output and its exit code."""
+    program = "#!/bin/sh\necho \"ran $CRTOOLS_SCRIPT_ACTION $CRTOOLS_INIT_PID $#\"; echo err >&2; exit 7\n"
+    launcher, link = launcher_in(tmp_path, program)
+    r = subprocess.run([str(link if through_link else launcher)], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin", "CRTOOLS_SCRIPT_ACTION": "post-dump",
+                            "CRTOOLS_INIT_PID": "4242"}, stdin=subprocess.DEVNULL, timeout=30)
+    assert (r.returncode, r.stdout, r.stderr) == (7, "ran post-dump 4242 0\n", "err\n")
+
+
+def test_the_launcher_without_the_actions_program_beside_it_looks_on_path_and_fails_clearly(tmp_path):
+    launcher, _ = launcher_in(tmp_path, None)
+    r = subprocess.run([str(launcher)], env={"PATH": str(tmp_path), "CRTOOLS_SCRIPT_ACTION": "pre-dump"},
+                       capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+    assert r.returncode != 0 and "criu-gpushare-hook-actions" in r.stderr, r.stderr
+
+
+def test_the_installed_hook_is_the_launcher_with_its_actions_program_beside_it():
+    import shutil
+    installed = shutil.which("criu-gpushare-hook")
+    if installed is None:
+        pytest.skip("criu-gpushare-hook is not on PATH (package not installed)")
+    assert open(installed).read() == open(LAUNCHER).read()
+    assert os.access(os.path.join(os.path.dirname(os.path.realpath(installed)),
+                                  "criu-gpushare-hook-actions"), os.X_OK)
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_pre_dump_fails_closed_when_it_cannot_see_a_process():
     """A process whose maps the hook cannot read is not taken as "uses no CUDA": pre-dump's

@@ -34,7 +34,7 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     images = tmp_path / "images"
     r, wall = timed_cli(env["tool"], "dump", parent.pid, images, "--json")
     # where the time went, CRIU's part included, adds up to the whole command
-    assert_phases_cover(r, wall, "tool start", "criu start; gpu out: plan, journal, record", "save",
+    assert_phases_cover(r, wall, "tool start", "discover", "criu start; gpu out: other", "save", "record",
                         "save: open memory (fd, import, map)", "save: GPU start (context, stream, hasher)",
                         "save: pin the ring", "store commit (sync, manifest, ref)", "checkpoint",
                         "criu dump (freeze, memory, images)", "sync: store and image (post-dump)", "criu finish")
