@@ -25,7 +25,7 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
   criu       with --criu: `criu-gpushare dump PID DIR --store S`, `criu-gpushare restore DIR
              --store S`; "not available" when the tool has no such command
   criu-warm  with --criu, tmpfs store: a second dump into the same store (memory unchanged)
-  criu-hook  with --criu, tmpfs store: `criu dump` / `criu restore -d` with criu-gpushare-hook
+  criu-hook  with --criu, tmpfs stores: `criu dump` / `criu restore -d` with criu-gpushare-hook
   criu-cold  with --criu, disk store only: the same, the page cache dropped (sync, drop_caches;
              root) between the dump and the restore, so the restore reads the device
 Stores: tmpfs (--tmpfs, /dev/shm), with --huge-tmpfs also a tmpfs of huge pages mounted for the run
@@ -99,10 +99,11 @@ def parse_args(argv=None):
                     help="leave a fresh machine's first touch of its memory to the first row (by default "
                          "each tmpfs store first gets the largest workload's size written and removed)")
     ap.add_argument("--cycles", type=int, default=1,
-                    help="in place: the tool and tool-warm rows this many times, each cycle into a new "
-                         "store; their rows show the cycle of median back time, every cycle listed "
-                         "below the table (whether a warm resume is slower than a cold one is a "
-                         "question of a few percent: one cycle cannot answer it)")
+                    help="the tool and tool-warm rows, and on tmpfs with --criu the criu, criu-warm and "
+                         "criu-hook rows, this many times, each cycle into a new store; their rows show "
+                         "the cycle of median back time, every cycle listed below the table (whether a "
+                         "warm resume is slower than a cold one, or the hook within 10%% of the wrapper, "
+                         "is a question of a few percent: one cycle cannot answer it)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
     ap.add_argument("--precheck", action="store_true",
                     help="criu rows: also time `store verify` of the dump's chunks before the restore "
@@ -239,16 +240,38 @@ class Bench:
             if a.criu:
                 wl = self.driver_criu_row(wl, name, spec, driver_ok=row.status == "ok")
                 for target, tdir in self.targets:
-                    wl = self.criu_row(wl, name, spec, target, tdir, "criu")
-                    if target == "tmpfs":  # the same through CRIU's own command and the hook
-                        wl = self.hook_row(wl, name, spec, tdir)
-                    if target == "disk":  # the restore reading the store from the device, not memory
-                        wl = self.criu_row(wl, name, spec, target, tdir, "criu-cold")
+                    wl = self.criu_rows(wl, name, spec, target, tdir)
         except bl.WorkloadError as e:
             self.add(Row(name, "-", "-", wl.bytes if wl and wl.info else 0, status=f"error: {e}"[:300]))
         finally:
             if wl is not None:
                 wl.kill()
+
+    def criu_rows(self, wl, name, spec, target, tdir):
+        """The CRIU rows of one store: criu (and criu-warm), then criu-hook on tmpfs, --cycles
+        times, the wrapper and the hook in turn (the hook's overhead is a question of a few
+        percent, and a tmpfs store's write rate varies more than that from one dump to the next);
+        criu and criu-cold once on disk. Each path's row is its median cycle. -> workload."""
+        in_memory = target.startswith("tmpfs")
+        measured = {}  # path -> its row of each cycle
+        try:
+            for _ in range(max(1, self.args.cycles) if in_memory else 1):
+                wl = self.criu_row(wl, name, spec, target, tdir, "criu", measured)
+                if in_memory:  # the same through CRIU's own command and the hook
+                    wl = self.hook_row(wl, name, spec, tdir, target, measured)
+            if target == "disk":  # the restore reading the store from the device, not memory
+                wl = self.criu_row(wl, name, spec, target, tdir, "criu-cold", measured)
+        finally:
+            for cycle_rows in measured.values():
+                self.add(bl.median_cycle(cycle_rows))
+        return wl
+
+    def measured(self, measured, row):
+        """row, one cycle of its path, kept for criu_rows (and logged where there are several)."""
+        measured.setdefault(row.path, []).append(row)
+        if self.args.cycles > 1:
+            self.log(f"{row.workload}/{row.path}/{row.store} cycle {len(measured[row.path])}: "
+                     f"out {row.out_s} s, back {row.back_s} s, {row.status}")
 
     def driver_criu_row(self, wl, name, spec, driver_ok):
         """The driver's own path through plain CRIU (image on tmpfs), beside ours. -> workload."""
@@ -277,10 +300,11 @@ class Bench:
             raise RuntimeError("a driver call did not return: stopping (no further driver calls)")
         return wl
 
-    def hook_row(self, wl, name, spec, tdir):
-        """`criu dump` / `criu restore` with criu-gpushare-hook, store on tmpfs. -> workload."""
+    def hook_row(self, wl, name, spec, tdir, target, measured):
+        """`criu dump` / `criu restore` with criu-gpushare-hook, store on tmpfs; the row goes into
+        measured[path]. -> workload."""
         wl = self.ensure(wl, name, spec)
-        row = Row(name, "criu-hook", "tmpfs", wl.bytes)
+        row = Row(name, "criu-hook", target, wl.bytes)
         store = self.fresh_store(tdir, f"store-{name}")
         images = os.path.join(tdir, f"images-{name}-hook")
         shutil.rmtree(images, ignore_errors=True)
@@ -290,22 +314,25 @@ class Bench:
             if bl.hook_cycle(row, wl, images, env, self.args.call_timeout) is False:
                 wl.kill()
         finally:
-            self.add(row)
+            self.measured(measured, row)
             self.drop_store(store)
             shutil.rmtree(images, ignore_errors=True)
         return wl
 
-    def criu_row(self, wl, name, spec, target, tdir, path):
+    def criu_row(self, wl, name, spec, target, tdir, path, measured):
         """dump then restore through CRIU; criu-cold drops the page cache in between. On tmpfs a
         second cycle into the same store follows, `criu-warm`: the memory unchanged since the last
-        dump, every chunk already stored. -> workload."""
+        dump, every chunk already stored. Each row goes into measured[its path]. -> workload."""
         row = Row(name, path, target, wl.bytes)
+
+        def add(row):
+            self.measured(measured, row)
         if not (self.has_command("dump") and self.has_command("restore")):
             row.status = "not available: criu-gpushare has no dump/restore command"
         elif path == "criu-cold" and os.geteuid() != 0:
             row.status = "not run: dropping the page cache needs root"
         if row.status != "ok":
-            self.add(row)
+            add(row)
             return wl
         store = self.fresh_store(tdir, f"store-{name}")
         # CRIU writes its images to a directory: for an s3:// store, beside the tmpfs store
@@ -327,7 +354,7 @@ class Bench:
                 ok = bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
                                    ["restore", images, "--store", store], self.env,
                                    self.args.call_timeout, between=between)
-                self.add(row)
+                add(row)
                 if not ok:
                     wl.kill()
                     break

@@ -184,6 +184,41 @@ def test_repeated_cycles_show_the_median_one_and_count_warm_resumes_slower_than_
     assert bl.cycle_lines(single) == ""
 
 
+@pytest.mark.parametrize("target", ["tmpfs", "tmpfs-huge", "disk"])
+def test_criu_rows_take_turns_with_the_hook_each_cycle_on_tmpfs_and_run_once_on_disk(target, capsys):
+    """checkpoint_bench --criu --cycles 3: on a tmpfs store the wrapper (criu, criu-warm) and the
+    hook (criu-hook) take turns, three cycles, each path then standing as its median cycle; on disk
+    the wrapper once, then criu-cold."""
+    import argparse
+    import checkpoint_bench as cb
+    bench = object.__new__(cb.Bench)
+    bench.args, bench.rows = argparse.Namespace(cycles=3), []
+    ran, back = [], iter([1.7, 1.6, 1.9, 2.0, 2.1, 1.8, 1.5, 1.4, 1.3, 1.2])
+
+    def row(path):
+        ran.append(path)
+        return bl.Row("single", path, target, 4 * 10**9, out_s=1.0, back_s=next(back), check="ok")
+
+    def criu_row(wl, name, spec, target_, tdir, path, measured):
+        for p in [path] + (["criu-warm"] if path == "criu" and target.startswith("tmpfs") else []):
+            bench.measured(measured, row(p))
+        return wl
+
+    def hook_row(wl, name, spec, tdir, target_, measured):
+        bench.measured(measured, row("criu-hook"))
+        return wl
+    bench.criu_row, bench.hook_row = criu_row, hook_row
+    assert bench.criu_rows("wl", "single", None, target, "/nowhere") == "wl"
+    if target == "disk":
+        assert ran == ["criu", "criu-cold"]
+        assert [(r.path, r.back_s) for r in bench.rows] == [("criu", 1.7), ("criu-cold", 1.6)]
+        return
+    assert ran == ["criu", "criu-warm", "criu-hook"] * 3
+    assert [(r.path, r.back_s, len(r.extra["cycles"])) for r in bench.rows] == [
+        ("criu", 1.7, 3), ("criu-warm", 1.6, 3), ("criu-hook", 1.8, 3)]
+    assert f"single/criu-hook/{target} cycle 3: out 1.0 s, back 1.3 s, ok" in capsys.readouterr().out
+
+
 def test_rows_are_set_against_the_store_device_s_own_rate():
     rows = [bl.Row("single", "criu", "disk", 4 * 10**9, out_s=2.0, back_s=4.0, check="ok"),
             bl.Row("single", "driver", "-", 4 * 10**9, out_s=8.0, back_s=8.0, check="ok")]
