@@ -24,7 +24,20 @@ from probe_harness import record
 
 HOOK = shutil.which("criu-gpushare-hook")
 CALL_TIMEOUT_S = 120
-JAX_ENV = {"XLA_PYTHON_CLIENT_MEM_FRACTION": "0.08"}  # about 11 GiB preallocated on an H200
+JAX_POOL_GIB = 11  # what XLA preallocates for the JAX tree: its 2 GiB array and the work on it
+
+
+def jax_env():
+    """XLA's share of GPU 0 that makes JAX_POOL_GIB on this GPU (0.08 of an H200, 0.14 of an H100):
+    a fixed share leaves the workload short on a smaller GPU."""
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits",
+                              "--id=0"], capture_output=True, text=True, timeout=30).stdout
+        total_gib = float(out.strip().splitlines()[0]) / 1024
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
+        total_gib = 140.0  # the H200 this was sized on
+    return {"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{min(0.5, JAX_POOL_GIB / total_gib):.3f}"}
 
 
 class Tree:
@@ -122,7 +135,7 @@ def _tree_bytes(path):
 @pytest.fixture
 def jax_tree(tmp_path):
     pytest.importorskip("jax", reason="jax is not installed")
-    tree = Tree(tmp_path, "jax", "jax_array.py", ["--gib", "2"], JAX_ENV)
+    tree = Tree(tmp_path, "jax", "jax_array.py", ["--gib", "2"], jax_env())
     assert tree.wl.info.get("backend") == "gpu", tree.wl.info
     yield tree
     tree.close()
