@@ -683,6 +683,16 @@ _HOOK_TOOK = re.compile(r"criu-gpushare-hook: ([a-z-]+): took (\d+(?:\.\d+)?) s"
 _HOOK_STEPS = re.compile(r"criu-gpushare-hook: ([a-z-]+): GPU state of \d+ process\(es\) (?:out|is back): (.*)$",
                          re.MULTILINE)
 _STEP = re.compile(r"(\S.*?) (\d+\.\d+)(?= |$)")
+_HOOK_BESIDE = re.compile(r"criu-gpushare-hook: [a-z-]+: beside those steps: (.*)$", re.MULTILINE)
+
+
+def hook_overlapped(log_text):
+    """What ran beside a hooked run's steps, from the hook's lines in CRIU's log (the driver's
+    start beside the holder's imports, the checkpoint beside the save): {name: seconds}."""
+    out = {}
+    for line in _HOOK_BESIDE.findall(log_text):
+        out.update((name, float(v)) for name, v in _STEP.findall(line))
+    return out
 
 
 def boot_clock():
@@ -763,6 +773,7 @@ def hook_cycle(row, wl, images, env, timeout, criu="criu", hook=None):
         setattr(row, f"{way}_phases", hook_phases(text, wall, began))
         _image_stats(row, images, argv[0])
         if way == "out":
+            row.extra["overlapped"] = hook_overlapped(text) or None
             from criu_gpushare.criu.images import image_bytes
             row.extra["image_bytes"] = image_bytes(images)
             wl.reap()  # CRIU ended the tree: its pids must be free for the restore

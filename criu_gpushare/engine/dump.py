@@ -23,7 +23,7 @@ from ..criu.images import dump_succeeded
 from ..errors import GroupHeld, StoreError
 from ..gpu.driver import gpu_inventory
 from ..shimctl import client as control
-from ..shimctl.processes import process_tree, uses_cuda
+from ..shimctl.processes import process_tree
 from ..store import fsutil
 from ..store.backend import open_store
 from . import journal as jn, record
@@ -33,23 +33,13 @@ from .steps import CRIU_PRE_DUMP, Group
 from .suspension import resume_group
 
 
-def cuda_pids(root_pid):
-    """The processes of root_pid's tree with libcuda loaded (no CUDA call: safe before a fork).
-    Fails closed: a process whose maps cannot be read is an error, never "uses no CUDA"."""
-    out = []
-    for pid in process_tree(root_pid):
-        if not os.path.exists(f"/proc/{pid}"):
-            continue  # exited meanwhile: CRIU will notice on its own
-        if uses_cuda(pid):
-            out.append(pid)
-    return out
-
-
 class DumpJob:
-    def __init__(self, root_pid, images_dir, options, report=print, cancel=None):
-        """options: engine/steps.py Options (engine/jobs.py builds them), its ref this dump's."""
+    def __init__(self, root_pid, images_dir, options, report=print, cancel=None, pids=None):
+        """options: engine/steps.py Options (engine/jobs.py builds them), its ref this dump's;
+        pids: the tree's, where a holder forked for it has them already (its key is theirs)."""
         self.root_pid, self.images_dir, self.cancel = root_pid, images_dir, cancel
-        self.pids = sorted(process_tree(root_pid))  # before any fork: the group's key is min(pids)
+        # before any fork: the group's key is min(pids)
+        self.pids = sorted(pids) if pids is not None else sorted(process_tree(root_pid))
         self.report = report
         self.options = options
         self.journal = self.group = None

@@ -15,7 +15,7 @@ import shutil
 import time
 
 from ..criu import images, libdir, rpc
-from ..errors import Cancelled, Error, Interrupted, ProcessError
+from ..errors import Cancelled, Interrupted, ProcessError
 from ..shimctl.processes import process_tree, uses_cuda
 from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
                resuming, suspension)
@@ -78,13 +78,14 @@ def _criu_request(criu):
 
 class Dump:
     """A dump of pid's tree into images_dir: by CRIU's RPC in this process (run), or the GPU side
-    only, in a holder, for CRIU that runs the hook (start_holder, complete)."""
+    only, in the holder of CRIU that runs the hook (engine/dump_holder.py uses .job)."""
 
-    def __init__(self, pid, images_dir, settings, report=print, cancel_=None):
+    def __init__(self, pid, images_dir, settings, report=print, cancel_=None, pids=None):
+        """pids: the tree's, where the caller has them already (dump.DumpJob)."""
         self.pid, self.images_dir, self.settings, self.report = pid, images_dir, settings, report
         # A dump reads no chunk: the node cache is left alone.
         options = _options(settings, _ref("dump", pid), hold_kind="dump", cache=None, cache_limit=None)
-        self.job = dump.DumpJob(pid, images_dir, options, report=report, cancel=cancel_)
+        self.job = dump.DumpJob(pid, images_dir, options, report=report, cancel=cancel_, pids=pids)
 
     @classmethod
     def of_command(cls, pid, images_dir, settings, report=print):
@@ -158,44 +159,6 @@ class Dump:
         if state["gpu"]:
             summary.update(store=self.settings.store, ref=job.ref)
         return summary
-
-    def start_holder(self, criu_pid, report):
-        """The hook's pre-dump: the GPU steps in a holder that then watches CRIU (pid criu_pid);
-        -> the holder's final object."""
-        return holder.start(_CriuDumpWork(self.job, criu_pid), on_progress=report)
-
-
-class _CriuDumpWork(holder.CriuWork):
-    """The holder of one CRIU dump run by the hook: its GPU steps, then a watch on the CRIU
-    process."""
-
-    def __init__(self, job, criu_pid):
-        super().__init__(criu_pid)
-        self.job = job
-        # the journal's key: `resume PID` of any process of the tree finds this holder
-        self.key, self.pids = job.key, job.pids
-
-    def begin(self, report):
-        self.watch_criu()
-        self.job.set_report(report)
-        if not self.job.begin():
-            return {"gpu_state": False}, False
-        return {"gpu_state": True, "ref": self.job.ref, "phases": results.rounded_phases(self.job.group)}, True
-
-    def on_event(self, report):
-        self.job.set_report(report)
-        try:
-            self.job.after_criu()
-        except Error as e:
-            report(f"after the dump: {e}")
-        return False
-
-    def handle(self, cmd, fields, report):
-        if cmd == "post-dump":
-            self.job.set_report(report)
-            self.job.complete()
-            return {"completed": True}, True
-        raise ProcessError(self.key, f"unknown holder command {cmd!r}")
 
 
 # -- restore -------------------------------------------------------------------------------------

@@ -188,7 +188,9 @@ class Group:
         self.begin_step()
         started = drv.start_seconds()
         self.members = plan.discover(self.pids, self.deadline)
-        if started is None and drv.start_seconds() is not None:  # the state queries started CUDA
+        if drv.background_start_seconds() is not None:  # begun beside other work: not a phase
+            self.overlapped["CUDA start (bindings, cuInit)"] = drv.background_start_seconds()
+        elif started is None and drv.start_seconds() is not None:  # the state queries started CUDA
             self.parts["discover"] = {"discover: CUDA start (bindings, cuInit)": drv.start_seconds()}
         self._plan()
         # the save's contexts are made while the journal is written and the shims quiesce

@@ -3,7 +3,7 @@
 cuda-bindings opens libcuda.so.1 at the first call. On a machine without the NVIDIA driver that
 raises from deep inside cuda-pathfinder; here it becomes NoGpuError with what to do.
 """
-import functools
+import threading
 import time
 
 from ..errors import DriverError, NoGpuError
@@ -19,11 +19,45 @@ CHECKPOINT_SYMBOLS = (
 
 
 _start_seconds = None  # how long this process's driver start took, once it happened
+_started = None  # the bindings, once cuInit succeeded
+_starting = threading.Lock()  # one start at a time: a caller during start_in_background's waits
+_background = False  # whether start_in_background began it
 
 
-@functools.lru_cache(maxsize=None)
 def driver():
     """cuda.bindings.driver after a successful cuInit(0)."""
+    global _started
+    if _started is None:
+        with _starting:
+            if _started is None:
+                _started = _start()
+    return _started
+
+
+def start_in_background():
+    """Start the driver (its bindings, cuInit) in a thread now, for a process that has other work
+    before its first driver call (the hook's dump holder: the engine's imports); the first
+    driver() waits for it. Its failure is left to that call, which tries again and raises."""
+    global _background
+    if _started is not None or _background:
+        return
+
+    def start():
+        try:
+            driver()
+        except Exception:  # noqa: BLE001 - driver() raises it again where it is needed
+            pass
+    _background = True
+    threading.Thread(target=start, name="driver-start", daemon=True).start()
+
+
+def background_start_seconds():
+    """How long the driver's start in the background took, or None where there was none: it ran
+    beside other work, so it is not a phase of its own (engine/steps.py reports it apart)."""
+    return _start_seconds if _background else None
+
+
+def _start():
     global _start_seconds
     t0 = time.monotonic()
     try:

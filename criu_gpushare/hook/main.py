@@ -74,19 +74,24 @@ def _refuse_v1_freezer(pids):
 
 
 def pre_dump(action):
-    from ..engine import dump as dump_engine, jobs
+    """CRIU seizes nothing until this returns: it forks the dump's holder, without the engine
+    (engine/dump_holder.py), and waits for the GPU side of the dump."""
+    from ..engine.dump_holder import DumpHolder
     from ..engine.settings import load_settings
+    from ..shimctl.processes import cuda_pids
     root = _init_pid()
-    pids = dump_engine.cuda_pids(root)
+    pids = cuda_pids(root)
     if not pids:
         return 0  # nothing of ours in this tree
     _refuse_v1_freezer(pids)
-    job = jobs.Dump(root, _images_dir(), load_settings(), report=lambda m: None)
-    result = holder.outcome(job.start_holder(_criu_pid(), report=lambda m: _say(action, m)),
+    work = DumpHolder(root, _images_dir(), load_settings(), _criu_pid())
+    result = holder.outcome(holder.start(work, on_progress=lambda m: _say(action, m)),
                             "CRIU aborts the dump; the tasks keep running")
     phases = result.get("phases")
     if phases:
-        _say(action, f"GPU state of {len(job.job.pids)} process(es) out: {_phases(phases)}")
+        _say(action, f"GPU state of {len(work.pids)} process(es) out: {_phases(phases)}")
+    if result.get("overlapped"):  # not steps: each ran beside them
+        _say(action, f"beside those steps: {_phases(result['overlapped'])}")
     return 0
 
 

@@ -74,6 +74,18 @@ def uses_cuda(pid):
     return cuda_and_shim(pid)[0]
 
 
+def cuda_pids(root_pid):
+    """The processes of root_pid's tree with libcuda loaded (no CUDA call: safe before a fork).
+    Fails closed: a process whose maps cannot be read is an error, never "uses no CUDA"."""
+    out = []
+    for pid in process_tree(root_pid):
+        if not os.path.exists(f"/proc/{pid}"):
+            continue  # exited meanwhile: CRIU will notice on its own
+        if uses_cuda(pid):
+            out.append(pid)
+    return out
+
+
 def v1_freezer_cgroup(pid):
     """pid's cgroup in a cgroup v1 freezer hierarchy when it is not the root (a container's on a
     cgroup v1 host), else None."""

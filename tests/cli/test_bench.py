@@ -406,6 +406,17 @@ def test_hook_phases_split_a_hooked_criu_run_into_the_hooks_share_and_criu_s():
     assert bl.hook_phases(log, 1.0, began=100.0) == phases
 
 
+def test_what_ran_beside_a_hooked_dump_s_steps_is_read_apart_from_its_phases():
+    log = ("criu-gpushare-hook: pre-dump: GPU state of 1 process(es) out: discover 0.050 save 1.800\n"
+           "criu-gpushare-hook: pre-dump: beside those steps: CUDA start (bindings, cuInit) 0.180 "
+           "checkpoint (beside the save) 0.450\n"
+           "criu-gpushare-hook: pre-dump: took 2.100 s (program start 0.100 s, began 100.050 s after boot)\n")
+    assert bl.hook_overlapped(log) == {"CUDA start (bindings, cuInit)": 0.18, "checkpoint (beside the save)": 0.45}
+    phases = bl.hook_phases(log, 2.2, began=100.0)
+    assert "pre-dump: CUDA start (bindings, cuInit)" not in phases and phases["pre-dump: save"] == 1.8, phases
+    assert bl.hook_overlapped("criu-gpushare-hook: pre-dump: took 1.0 s\n") == {}
+
+
 def test_hook_phases_lay_a_hooked_restore_out_in_order_with_the_steps_of_post_resume():
     """The restore's timeline from the hook's lines (CRIU started at 100.0 s on the boot clock):
     CRIU's time between the actions, each action's start, its steps and the rest, adding up to the

@@ -11,6 +11,7 @@ import pytest
 from criu_gpushare.engine import dump, journal as jn, record, statedir
 from criu_gpushare.engine.steps import Options
 from criu_gpushare.errors import StoreError
+from criu_gpushare.shimctl import processes
 from criu_gpushare.store import Allocation, Manifest, ProcessEntry, Store
 
 
@@ -43,7 +44,7 @@ def commit_ref(store_dir, name):
 
 def test_a_tree_without_cuda_gets_a_record_saying_so_and_leaves_no_state(run_dir, tree, tmp_path,
                                                                           store_dir):
-    assert dump.cuda_pids(tree.pid) == []
+    assert processes.cuda_pids(tree.pid) == []
     images = tmp_path / "images"
     images.mkdir()
     job = dump_job(tree.pid, str(images), store_dir)

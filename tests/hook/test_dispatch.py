@@ -164,7 +164,7 @@ def test_the_installed_hook_is_the_launcher_with_its_actions_program_beside_it()
 def test_pre_dump_fails_closed_when_it_cannot_see_a_process():
     """A process whose maps the hook cannot read is not taken as "uses no CUDA": pre-dump's
     discovery raises (the hook exits with its code and CRIU aborts the dump)."""
-    from criu_gpushare.engine.dump import cuda_pids
+    from criu_gpushare.shimctl.processes import cuda_pids
     with subprocess.Popen(["sleep", "30"]) as p:
         r, w = os.pipe()
         child = os.fork()
