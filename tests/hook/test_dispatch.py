@@ -160,6 +160,21 @@ def test_the_installed_hook_is_the_launcher_with_its_actions_program_beside_it()
                                   "criu-gpushare-hook-actions"), os.X_OK)
 
 
+def test_pre_dump_forks_its_holder_before_the_engine_or_cuda_is_imported():
+    """CRIU seizes nothing until pre-dump returns: what its process imports before the fork
+    (the dump's holder, the settings, the tree's CUDA processes) leaves the engine, the store,
+    CRIU's bindings and the driver's to the holder, which imports them while CUDA starts."""
+    probe = ("import sys; from criu_gpushare.hook import main; from criu_gpushare.engine.dump_holder import DumpHolder; "
+             "from criu_gpushare.engine.settings import load_settings; "
+             "from criu_gpushare.shimctl.processes import cuda_pids; "
+             "print(sorted(m for m in sys.modules if m.startswith(('criu_gpushare.engine.jobs', "
+             "'criu_gpushare.engine.steps', 'criu_gpushare.engine.dump', 'criu_gpushare.store', "
+             "'criu_gpushare.criu', 'cuda')) and m != 'criu_gpushare.engine.dump_holder'))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[]\n", r.stdout
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
 def test_pre_dump_fails_closed_when_it_cannot_see_a_process():
     """A process whose maps the hook cannot read is not taken as "uses no CUDA": pre-dump's

@@ -101,6 +101,9 @@ def test_hook_dump_then_restore(env, tree, tmp_path, criu):
         for action in actions:
             assert re.search(rf"criu-gpushare-hook: {action}: took \d+\.\d+ s \(program start", log), action
     assert re.search(r"pre-dump: GPU state of 3 process\(es\) out: .*save \d", dumped), dumped[-3000:]
+    # CUDA started in the holder beside its imports, not as a step (engine/dump_holder.py)
+    assert re.search(r"pre-dump: beside those steps: CUDA start \(bindings, cuInit\) \d", dumped)
+    assert not re.search(r"pre-dump: GPU state .*CUDA start", dumped)
     assert re.search(r"post-resume: GPU state of 3 process\(es\) is back: .*load \d", restored)
     # the bench lays that out in order, CRIU's share between the actions included, adding up to
     # the restore seen from here (within a clock tick at the start of each of the three actions)
