@@ -157,8 +157,7 @@ def check_link_remap(files=CRIU_CONFIG_FILES):
             words = _config_words(path)
         except OSError:
             continue
-        if not any(w[0].lstrip("-") == "action-script" and len(w) > 1 and "criu-gpushare-hook" in w[1]
-                   for w in words):
+        if not _hook_scripts(words):
             continue
         (configured if any(w[0].lstrip("-") == "link-remap" for w in words) else missing).append(path)
     if missing:
@@ -170,6 +169,40 @@ def check_link_remap(files=CRIU_CONFIG_FILES):
     return Check("criu-link-remap", PASS, "no CRIU configuration file runs the hook; `criu-gpushare dump` "
                  "turns link-remap on itself, and `criu dump --action-script criu-gpushare-hook` needs "
                  "--link-remap added by hand")
+
+
+def _hook_scripts(words):
+    return [w[1] for w in words if w[0].lstrip("-") == "action-script" and len(w) > 1
+            and "criu-gpushare-hook" in w[1]]
+
+
+def check_hook_installed(files=CRIU_CONFIG_FILES, search_path=None):
+    """A configured hook CRIU cannot run fails every dump and restore on the node: the script
+    must be executable, and the Python program its launcher runs must be beside it (or on PATH;
+    search_path: another PATH to look in)."""
+    broken, seen = [], []
+    for path in files:
+        try:
+            scripts = _hook_scripts(_config_words(path))
+        except OSError:
+            continue
+        for script in scripts:
+            seen.append(script)
+            if not (os.path.isfile(script) and os.access(script, os.X_OK)):
+                broken.append(f"{path} names {script}, which is not an executable file")
+                continue
+            beside = os.path.join(os.path.dirname(os.path.realpath(script)), "criu-gpushare-hook-actions")
+            if not os.access(beside, os.X_OK) and shutil.which("criu-gpushare-hook-actions",
+                                                               path=search_path) is None:
+                broken.append(f"{script} runs criu-gpushare-hook-actions, which is neither beside it "
+                              "nor on PATH")
+    if broken:
+        return Check("criu-hook", FAIL, "; ".join(broken) + ": CRIU fails every dump and restore "
+                     "that runs it", "point action-script at the output of `command -v "
+                     "criu-gpushare-hook` (reinstall criu-gpushare if there is none)")
+    if seen:
+        return Check("criu-hook", PASS, f"CRIU runs {', '.join(sorted(set(seen)))}")
+    return Check("criu-hook", PASS, "no CRIU configuration file runs the hook")
 
 
 def check_pycriu():
@@ -283,7 +316,8 @@ def _check_object_store(url):
 
 def run_checks():
     checks = [check_driver(), check_checkpoint_api(), *check_gpus(), *check_criu(),
-              check_cuda_plugin(), check_link_remap(), check_pycriu(), check_shim(), check_store()]
+              check_cuda_plugin(), check_hook_installed(), check_link_remap(), check_pycriu(), check_shim(),
+              check_store()]
     if checks[-1].status == PASS:
         from ..config import load_settings
         checks += check_store_pages(load_settings().store)

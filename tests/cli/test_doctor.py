@@ -57,6 +57,31 @@ def test_doctor_says_what_a_hook_user_must_add_for_link_remap(tmp_path):
     assert check_link_remap([str(conf)]).status == "pass"
 
 
+def test_doctor_fails_a_configured_hook_that_criu_cannot_run(tmp_path):
+    """CRIU fails every dump and restore whose action script it cannot run: a path that is not
+    there, or a launcher without its Python program beside it or on PATH."""
+    import os
+    import shutil
+    from criu_gpushare.cli.doctor import check_hook_installed
+    conf = tmp_path / "default.conf"
+    assert check_hook_installed([str(conf)]).status == "pass"  # no file: nothing configured
+    conf.write_text(f"action-script {tmp_path}/bin/criu-gpushare-hook\nlink-remap\n")
+    c = check_hook_installed([str(conf)])
+    assert c.status == "fail" and "not an executable file" in c.detail and "command -v" in c.fix, c
+    launcher = tmp_path / "bin" / "criu-gpushare-hook"
+    launcher.parent.mkdir()
+    shutil.copy(os.path.join(os.path.dirname(__file__), "..", "..", "hooks", "criu-gpushare-hook"), launcher)
+    launcher.chmod(0o755)
+    nowhere = str(tmp_path / "empty")  # a PATH without the package's own program
+    c = check_hook_installed([str(conf)], search_path=nowhere)
+    assert c.status == "fail" and "criu-gpushare-hook-actions" in c.detail, c
+    actions = tmp_path / "bin" / "criu-gpushare-hook-actions"
+    actions.write_text("#!/bin/sh\n")
+    actions.chmod(0o755)
+    c = check_hook_installed([str(conf)], search_path=nowhere)
+    assert c.status == "pass" and str(launcher) in c.detail, c
+
+
 def test_the_shipped_criu_configurations_turn_link_remap_on():
     import os
     from criu_gpushare.cli.doctor import check_link_remap
