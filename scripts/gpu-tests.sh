@@ -48,7 +48,9 @@
 # ~140 s; tests/hook/test_gpu_dump.py ~60 s; tests/engine > 140 s; the probes in tests/gpu ~6 min;
 # checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
 # limits one command to 10 minutes needs several runs: split by GPU_PARTS, GPU_TESTS, REAL_SUITES.
-# Only a few files of OUT may come back: 0-summary.txt holds the summary and the probe figures.
+# Only a few files of OUT may come back: 0-summary.txt holds the summary and the probe figures,
+# 0-bench-checkpoint.txt and .json and 0-bench-startup.txt the benches' output (also that of a
+# bench the run's timeout stopped, as far as it got).
 # Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
 # run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
 # every test passed or skipped, 1 otherwise.
@@ -151,8 +153,12 @@ finish() {
         echo "-- probe figures"
         cat "$PROBE_RECORD" 2>/dev/null
     } >"$OUT/summary.txt" 2>&1
-    # A machine that brings back only a few files of OUT, in name order, brings this one first.
+    # A machine that brings back only a few files of OUT, in name order, brings this one first,
+    # and the benches' tables beside it (written as they ran: what a stopped run had done too).
     cp "$OUT/summary.txt" "$OUT/0-summary.txt"
+    for f in bench-checkpoint.txt bench-checkpoint.json bench-startup.txt; do
+        [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/0-$f"
+    done
     cat "$OUT/summary.txt"
 }
 trap finish EXIT

@@ -34,3 +34,20 @@ def test_gpu_repeat_runs_the_tests_again_until_a_run_fails(tmp_path):
     steps = (out / "steps.txt").read_text()
     assert "pytest tests/cli/flaky_case.py: ok" in steps and "pytest tests/cli/flaky_case.py: FAILED" in steps
     assert 'failures="1"' in (out / "junit.xml").read_text()
+
+
+def test_the_benches_tables_come_back_first_beside_the_summary(tmp_path):
+    """A machine that brings back only the first few files of OUT, in name order, brings the
+    summary and the tables the benches wrote (here one a bench left, as a stopped run leaves it)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "bench-checkpoint.txt").write_text("single tool tmpfs 40.00 2.30 ...\n")
+    env = dict(os.environ, OUT=str(out), GPU_TESTS_INSTALL="0", GPU_PARTS="gpu",
+               GPU_TESTS="tests/cli/flaky_case.py", PYTEST_TIMEOUT_S="60",
+               FLAKY_CASE_COUNT=str(tmp_path / "count"))
+    r = subprocess.run(["scripts/gpu-tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    first = sorted(os.listdir(out))[:3]
+    assert first == ["0-bench-checkpoint.txt", "0-summary.txt", "bench-checkpoint.txt"], first
+    assert (out / "0-bench-checkpoint.txt").read_text() == "single tool tmpfs 40.00 2.30 ...\n"
