@@ -324,15 +324,12 @@ class Bench:
         second cycle into the same store follows, `criu-warm`: the memory unchanged since the last
         dump, every chunk already stored. Each row goes into measured[its path]. -> workload."""
         row = Row(name, path, target, wl.bytes)
-
-        def add(row):
-            self.measured(measured, row)
         if not (self.has_command("dump") and self.has_command("restore")):
             row.status = "not available: criu-gpushare has no dump/restore command"
         elif path == "criu-cold" and os.geteuid() != 0:
             row.status = "not run: dropping the page cache needs root"
         if row.status != "ok":
-            add(row)
+            self.measured(measured, row)
             return wl
         store = self.fresh_store(tdir, f"store-{name}")
         # CRIU writes its images to a directory: for an s3:// store, beside the tmpfs store
@@ -354,7 +351,7 @@ class Bench:
                 ok = bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
                                    ["restore", images, "--store", store], self.env,
                                    self.args.call_timeout, between=between)
-                add(row)
+                self.measured(measured, row)
                 if not ok:
                     wl.kill()
                     break

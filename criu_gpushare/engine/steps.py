@@ -56,7 +56,7 @@ import threading
 import time
 
 from .. import waits
-from ..errors import BusyError, Error, ProcessError
+from ..errors import BusyError, Error, ProcessError, StoreError
 from ..gpu import checkpoint_api as ck, driver as drv
 from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
 from ..gpu.devices import DeviceMap, workload_devices_map
@@ -563,7 +563,6 @@ class Group:
                            "(or point --store at a copy) and resume again")
 
     def _ref_exists(self):
-        from ..errors import StoreError
         try:
             with self._open_for_load() as store:
                 store.read_ref(self.options.ref)
@@ -636,7 +635,6 @@ class Group:
     def release_holds(self):
         """The group is back: its checkpoint no longer needs protecting from `store rm`. Best
         effort: the workload runs either way, and a stale hold only delays `store rm`."""
-        from ..errors import StoreError
         from ..store.backend import may_exist
         if not may_exist(self.options.store):
             return  # never created: it holds nothing of ours
@@ -674,7 +672,6 @@ def open_for_load(options, report=print):
 def check_readable(store, manifest, ref, consequence):
     """StoreError when a chunk of manifest is neither in the store nor in its node cache (stat
     only: fast enough before anything changes), naming the first problems and `consequence`."""
-    from ..errors import StoreError
     problems = [p for p in store.check_chunks(manifest)
                 if store.cache is None or not store.cache.contains(p.chunk)]
     if problems:
