@@ -51,6 +51,7 @@
 # Only a few files of OUT may come back: 0-summary.txt holds the summary and the probe figures,
 # 0-bench-checkpoint.txt and .json and 0-bench-startup.txt the benches' output (also that of a
 # bench the run's timeout stopped, as far as it got).
+# GPU_REQUIRE=NAME stops at once (exit 3, said in 0-summary.txt) on a GPU whose name lacks NAME.
 # Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
 # run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
 # every test passed or skipped, 1 otherwise.
@@ -61,6 +62,18 @@ OUT=${OUT:-./gpu-out}
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || { echo "gpu-tests: cannot create OUT=$OUT" >&2; exit 1; }
 CRIU_PREFIX=${CRIU_PREFIX:-/opt/criu}
 PYTEST_TIMEOUT_S=${PYTEST_TIMEOUT_S:-480}
+
+# GPU_REQUIRE=NAME: figures meant for one card (the performance targets are the H200's), asked of
+# a machine that may lend another: stop before installing anything unless the GPU's name has NAME.
+if [ -n "${GPU_REQUIRE:-}" ]; then
+    gpu_name=$(timeout 60 nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+    case $gpu_name in
+    *"$GPU_REQUIRE"*) ;;
+    *) echo "gpu-tests: GPU_REQUIRE=$GPU_REQUIRE, and this machine's GPU is ${gpu_name:-none (no nvidia-smi answer)}: nothing run" |
+           tee "$OUT/0-summary.txt"
+       exit 3 ;;
+    esac
+fi
 
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 # Probe processes get GPUSHARE_PROBE_TAG=$GPUSHARE_PROBE_RUN (tests/probes/probe_harness.py);

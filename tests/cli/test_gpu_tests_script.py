@@ -51,3 +51,27 @@ def test_the_benches_tables_come_back_first_beside_the_summary(tmp_path):
     first = sorted(os.listdir(out))[:3]
     assert first == ["0-bench-checkpoint.txt", "0-summary.txt", "bench-checkpoint.txt"], first
     assert (out / "0-bench-checkpoint.txt").read_text() == "single tool tmpfs 40.00 2.30 ...\n"
+
+
+def test_gpu_require_stops_before_anything_on_another_card(tmp_path):
+    """GPU_REQUIRE=H200 on a machine that lent an H100: nothing installed or run, exit 3, and the
+    summary (the first file back) says which card it found."""
+    out, bin_dir = tmp_path / "out", tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H100 80GB HBM3'\n")
+    smi.chmod(0o755)
+    env = dict(os.environ, OUT=str(out), GPU_REQUIRE="H200", PATH=f"{bin_dir}:{os.environ['PATH']}")
+    r = subprocess.run(["scripts/gpu-tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+    assert os.listdir(out) == ["0-summary.txt"]
+    assert (out / "0-summary.txt").read_text() == (
+        "gpu-tests: GPU_REQUIRE=H200, and this machine's GPU is NVIDIA H100 80GB HBM3: nothing run\n")
+    smi.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")  # the card asked for: the run goes on
+    env.update(GPU_TESTS_INSTALL="0", GPU_PARTS="gpu", GPU_TESTS="tests/cli/flaky_case.py",
+               PYTEST_TIMEOUT_S="60", FLAKY_CASE_COUNT=str(tmp_path / "count"))
+    r = subprocess.run(["scripts/gpu-tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=240)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "pytest tests/cli/flaky_case.py: ok" in (out / "steps.txt").read_text()
