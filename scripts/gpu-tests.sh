@@ -26,7 +26,8 @@
 #      bench/write_paths_bench.py --huge-tmpfs when BENCHES names `writes` -> OUT/bench-writes.txt,
 #      bench/save_stages_bench.py (BENCH_STAGES_GIB, default 40) when it names `stages`
 #      -> OUT/bench-stages.txt, bench/criu_memory_bench.py (BENCH_CRIU_MEMORY_GIB, default 1) when
-#      it names `criu-memory` -> OUT/bench-criu-memory.txt, bench/overlap_bench.py
+#      it names `criu-memory` -> OUT/bench-criu-memory.txt, bench/host_memory_bench.py
+#      (BENCH_HOST_MEMORY_ARGS) when it names `host-memory` -> OUT/bench-host-memory.txt, bench/overlap_bench.py
 #      (BENCH_OVERLAP_GIB, default 16) when it names `overlap` -> OUT/bench-overlap.txt, and
 #      bench/allocator_bench.py (BENCH_ALLOC_GIB, default 8) -> OUT/bench-allocator.txt, .json;
 #      tests/gpu/test_stress.py runs CRIU_GPUSHARE_STRESS_CYCLES cycles (default 60, ~4.2 s each on
@@ -43,14 +44,14 @@
 # limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
 # the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as
 # GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator startup writes stages
-# criu-memory overlap").
+# criu-memory host-memory overlap").
 # Seen on the H200 (driver 580): install, CRIU and doctor ~40 s; tests/gpu/test_cuda_graphs.py
 # ~140 s; tests/hook/test_gpu_dump.py ~60 s; tests/engine > 140 s; the probes in tests/gpu ~6 min;
 # checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
 # limits one command to 10 minutes needs several runs: split by GPU_PARTS, GPU_TESTS, REAL_SUITES.
 # Only a few files of OUT may come back: 0-summary.txt holds the summary and the probe figures,
-# 0-bench-checkpoint.txt and .json and 0-bench-startup.txt the benches' output (also that of a
-# bench the run's timeout stopped, as far as it got).
+# 0-bench-checkpoint.txt and .json, 0-bench-startup.txt and 0-bench-host-memory.txt the benches'
+# output (also that of a bench the run's timeout stopped, as far as it got).
 # GPU_REQUIRE=NAME stops at once (exit 3, said in 0-summary.txt) on a GPU whose name lacks NAME.
 # Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
 # run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
@@ -169,7 +170,7 @@ finish() {
     # A machine that brings back only a few files of OUT, in name order, brings this one first,
     # and the benches' tables beside it (written as they ran: what a stopped run had done too).
     cp "$OUT/summary.txt" "$OUT/0-summary.txt"
-    for f in bench-checkpoint.txt bench-checkpoint.json bench-startup.txt; do
+    for f in bench-checkpoint.txt bench-checkpoint.json bench-startup.txt bench-host-memory.txt; do
         [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/0-$f"
     done
     cat "$OUT/summary.txt"
@@ -347,6 +348,12 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
     if [[ $BENCHES == *" criu-memory "* ]]; then
         timeout 300 python3 bench/criu_memory_bench.py --gib "${BENCH_CRIU_MEMORY_GIB:-1}" 2>&1 | tee "$OUT/bench-criu-memory.txt"
         step "bench/criu_memory_bench.py (${BENCH_CRIU_MEMORY_GIB:-1} GiB)" "${PIPESTATUS[0]}"
+    fi
+    if [[ $BENCHES == *" host-memory "* ]]; then
+        # BENCH_HOST_MEMORY_ARGS: options, split into words on purpose
+        timeout -k 30 150 python3 bench/host_memory_bench.py ${BENCH_HOST_MEMORY_ARGS:-} 2>&1 | tee "$OUT/bench-host-memory.txt"
+        step "bench/host_memory_bench.py" "${PIPESTATUS[0]}"
+        kill_leftover_probes >>"$OUT/bench-host-memory.txt" 2>&1
     fi
     if [[ $BENCHES == *" overlap "* ]]; then
         timeout 200 python3 bench/overlap_bench.py --gib "${BENCH_OVERLAP_GIB:-16}" 2>&1 | tee "$OUT/bench-overlap.txt"

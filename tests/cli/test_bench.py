@@ -539,3 +539,31 @@ def test_image_content_lines_name_the_memory_of_each_image():
             "the rest 3.0; largest: pid 7 0x1000-0x2000 anonymous private 512.0") in text, text
     assert "pair/criu-hook/tmpfs: not read (mm-7.img: missing)" in text
     assert bl.image_content_lines([bl.Row("x", "tool", "tmpfs", 1)]) == ""
+
+
+def test_host_memory_bench_reads_smaps_and_names_the_mappings_a_checkpoint_grew():
+    """bench/host_memory_bench.py: each mapping's anonymous bytes from smaps, and per process the
+    mappings that changed most from one moment to the next, the one that appeared included."""
+    import host_memory_bench as hm
+    running = hm.parse_smaps(textwrap.dedent("""\
+        55d0c0000000-55d0c2000000 rw-p 00000000 00:00 0                          [heap]
+        Rss:               32768 kB
+        Anonymous:         32768 kB
+        7f0000000000-7f0010000000 rw-p 00000000 00:00 0 
+        Anonymous:          1024 kB
+        7f1000000000-7f1000200000 r-xp 00000000 08:01 1234                       /usr/lib/libcuda.so.1
+        Anonymous:             0 kB
+        """))
+    assert [(m["name"], m["anon"]) for m in running] == [
+        ("[heap]", 32 << 20), ("", 1 << 20), ("/usr/lib/libcuda.so.1", 0)]
+    checkpointed = [dict(m) for m in running] + [
+        {"start": 0x7f2000000000, "end": 0x7f2030000000, "perms": "rw-p", "name": "", "anon": 620 << 20}]
+    checkpointed[1]["anon"] = 2 << 20
+    rows = hm.changes(running, checkpointed)
+    assert rows[0] == ("anonymous", "0x7f2000000000-0x7f2030000000", "rw-p", 0, 620 << 20)
+    assert rows[1][3:] == (1 << 20, 2 << 20) and len(rows) == 2  # the unchanged ones are not listed
+    text = hm.report([("tool running", {7: running}), ("tool suspended", {7: checkpointed})])
+    assert "tool suspended         pid 7        anonymous     654.0 MiB; largest anonymous 0x7f2000000000 620.0 MiB" in text
+    assert "    +620.0 MiB       0.0 ->    620.0  rw-p 0x7f2000000000-0x7f2030000000 anonymous" in text
+    own = hm.snapshot([os.getpid()])[os.getpid()]  # this process's own smaps parse
+    assert own and sum(m["anon"] for m in own) > 0

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Whose host memory CRIU dumps: a workload's anonymous memory, mapping by mapping, before and
+during a checkpoint, through the tool and through the driver alone.
+
+    python3 bench/host_memory_bench.py                    # the torch pair, 2 GiB per process
+    python3 bench/host_memory_bench.py --workload single --gib 4 --json OUT.json
+
+Through CRIU the tool keeps GPU memory out of the image, and what CRIU still moves is the processes'
+host memory: about 1 GiB per torch process, 2 GiB for the pair, whose dump bounds the pair's hooked
+dump on a small-page tmpfs (bench/RESULTS.md). This bench says where that memory is: the anonymous
+memory of each process (`Anonymous:` of /proc/PID/smaps: the pages CRIU dumps for private mappings),
+per mapping, at these moments:
+
+  tool running      the workload under the shim, ready
+  tool suspended    after `criu-gpushare suspend`: its GPU memory in the store, the driver's
+                    checkpoint done; what a CRIU dump through the tool would find
+  tool resumed      after `criu-gpushare resume`
+  driver running    a second copy of the workload, without the shim
+  driver checkpointed  after the driver's lock + checkpoint alone (its GPU memory copied into the
+                    process: what plain CRIU would find)
+
+Per moment and process: the anonymous total, then the mappings that grew or shrank the most from
+the moment before (start-end, permissions, what it maps). The driver copy is then killed (a pair's
+importer cannot be restored by the driver alone). Timing is none of its business: one pass.
+"""
+import argparse
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import benchlib as bl  # noqa: E402
+
+MIB = 1 << 20
+
+
+def parse_smaps(text):
+    """/proc/PID/smaps text -> [{"start", "end", "perms", "name", "anon"}] (anon: bytes of
+    `Anonymous:`); name: the mapped path, a bracketed kernel name ("[heap]"), or "" (anonymous)."""
+    maps, cur = [], None
+    for line in text.splitlines():
+        head = line.split(None, 5)
+        if head and "-" in head[0] and ":" not in head[0]:
+            start, end = (int(x, 16) for x in head[0].split("-"))
+            cur = {"start": start, "end": end, "perms": head[1] if len(head) > 1 else "",
+                   "name": head[5].strip() if len(head) > 5 else "", "anon": 0}
+            maps.append(cur)
+        elif cur is not None and line.startswith("Anonymous:"):
+            cur["anon"] = int(line.split()[1]) * 1024
+    return maps
+
+
+def snapshot(pids):
+    """{pid: parse_smaps(...)} of each live pid (a pid that has gone maps to [])."""
+    out = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps") as f:
+                out[pid] = parse_smaps(f.read())
+        except OSError:
+            out[pid] = []
+    return out
+
+
+def _label(m):
+    return m["name"] or "anonymous"
+
+
+def changes(before, after, shown=5):
+    """The mappings of one process whose anonymous bytes changed most from before to after:
+    [(label, range, perms, before bytes, after bytes)], biggest change first. Mappings are matched
+    by their start address; one that appeared or went counts from or to 0."""
+    old = {m["start"]: m for m in before}
+    new = {m["start"]: m for m in after}
+    rows = []
+    for start in set(old) | set(new):
+        m = new.get(start) or old[start]
+        a, b = old.get(start, {}).get("anon", 0), new.get(start, {}).get("anon", 0)
+        if a != b:
+            rows.append((_label(m), f"{m['start']:#x}-{m['end']:#x}", m["perms"], a, b))
+    rows.sort(key=lambda r: -abs(r[4] - r[3]))
+    return rows[:shown]
+
+
+def report(moments, shown=5):
+    """The table: per moment and process the anonymous total, and the changes since the moment
+    before (moments: [(name, {pid: maps})], in order)."""
+    lines, prev = [], None
+    for name, snap in moments:
+        for pid, maps in snap.items():
+            total = sum(m["anon"] for m in maps)
+            biggest = max(maps, key=lambda m: m["anon"], default=None)
+            big = (f"; largest {_label(biggest)} {biggest['start']:#x} {biggest['anon'] / MIB:.1f} MiB"
+                   if biggest else "")
+            lines.append(f"{name:<22} pid {pid:<8} anonymous {total / MIB:9.1f} MiB{big}")
+            if prev is not None and pid in prev:
+                for label, span, perms, a, b in changes(prev[pid], maps, shown):
+                    lines.append(f"    {(b - a) / MIB:+10.1f} MiB  {a / MIB:8.1f} -> {b / MIB:8.1f}  "
+                                 f"{perms} {span} {label}")
+        prev = snap
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", choices=("pair", "single"), default="pair")
+    ap.add_argument("--gib", type=float, default=2.0, help="GiB of GPU data per process (default 2)")
+    ap.add_argument("--shared-gib", type=float, default=0.25, help="pair: GiB shared through CUDA IPC")
+    ap.add_argument("--shown", type=int, default=5, help="changed mappings listed per process")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds for each command or call")
+    ap.add_argument("--no-driver", action="store_true", help="skip the driver-alone copy")
+    ap.add_argument("--json", help="also write every snapshot's totals and changes here")
+    return ap.parse_args(argv)
+
+
+def _spec(args):
+    if args.workload == "pair":
+        return "pair.py", ["--gib", args.gib, "--shared-gib", args.shared_gib]
+    return "blocks.py", ["--gib", args.gib, "--block-mib", 1024]
+
+
+def through_tool(args, work, run_dir, env):
+    script, wargs = _spec(args)
+    wl = bl.Workload("tool", script, wargs, work, run_dir).start(args.timeout)
+    moments = [("tool running", snapshot(wl.pids))]
+    try:
+        store = os.path.join(work, "store")
+        r = bl.run_tool(["suspend", *wl.pids, "--store", store], env, args.timeout)
+        if not r.ok:
+            raise bl.WorkloadError(f"suspend: {r.why()}")
+        moments.append(("tool suspended", snapshot(wl.pids)))
+        r = bl.run_tool(["resume", wl.pids[0]], env, args.timeout)
+        if not r.ok:
+            raise bl.WorkloadError(f"resume: {r.why()}")
+        moments.append(("tool resumed", snapshot(wl.pids)))
+        check = wl.verify()
+        if check != "ok":
+            raise bl.WorkloadError(f"contents after resume: {check}")
+    finally:
+        wl.kill()
+    return moments
+
+
+def through_driver(args, work, run_dir):
+    script, wargs = _spec(args)
+    wl = bl.Workload("driver", script, wargs, work, run_dir, shim=False).start(args.timeout)
+    moments = [("driver running", snapshot(wl.pids))]
+    try:
+        driver = bl.Driver()
+        for op in ("lock", "checkpoint"):
+            secs, res = driver.call(op, wl.pids, args.timeout)
+            bad = {p: r for p, r in res.items() if r != "CUDA_SUCCESS"}
+            if bad:
+                raise bl.WorkloadError(f"driver {op}: {bad}")
+        moments.append(("driver checkpointed", snapshot(wl.pids)))
+    finally:
+        for pid in wl.pids:  # a checkpointed process dies of SIGKILL only
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wl.kill()
+    return moments
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    work = tempfile.mkdtemp(prefix="criu-gpushare-hostmem.", dir="/dev/shm")
+    run_dir = os.path.join(work, "run")
+    os.mkdir(run_dir, 0o700)
+    env = bl.tool_env(run_dir)
+    failed = []
+    moments = []
+    try:
+        for name, fn in (("tool", lambda: through_tool(args, work, run_dir, env)),
+                         ("driver", None if args.no_driver else lambda: through_driver(args, work, run_dir))):
+            if fn is None:
+                print(f"{name}: skipped (--no-driver)")
+                continue
+            try:
+                got = fn()
+            except (bl.WorkloadError, RuntimeError) as e:
+                failed.append(f"{name}: {e}")
+                continue
+            moments.append(got)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    script, wargs = _spec(args)
+    print(f"host memory of {script} {' '.join(map(str, wargs))}: anonymous memory per process "
+          "(smaps `Anonymous:`), and the mappings that changed most since the moment before")
+    for group in moments:
+        print(report(group, args.shown))
+    for f in failed:
+        print(f"FAILED {f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": [script, *map(str, wargs)], "failed": failed,
+                       "moments": [{"moment": n, "pids": {str(p): {"anonymous": sum(m["anon"] for m in maps),
+                                                                  "mappings": [m for m in maps if m["anon"]]}
+                                                          for p, maps in snap.items()}}
+                                   for group in moments for n, snap in group]}, f, indent=1)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
