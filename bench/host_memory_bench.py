@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import sys
 import tempfile
 
@@ -153,18 +152,13 @@ def through_driver(args, work, run_dir):
     try:
         driver = bl.Driver()
         for op in ("lock", "checkpoint"):
-            secs, res = driver.call(op, wl.pids, args.timeout)
+            _, res = driver.call(op, wl.pids, args.timeout)
             bad = {p: r for p, r in res.items() if r != "CUDA_SUCCESS"}
             if bad:
                 raise bl.WorkloadError(f"driver {op}: {bad}")
         moments.append(("driver checkpointed", snapshot(wl.pids)))
     finally:
-        for pid in wl.pids:  # a checkpointed process dies of SIGKILL only
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        wl.kill()
+        wl.kill()  # SIGKILL: a checkpointed process dies of nothing else
     return moments
 
 
