@@ -604,7 +604,7 @@ class Driver:
         return st.name if err == self.cu.CUresult.CUDA_SUCCESS else err.name
 
 
-def _driver_ops(driver, row, wl, ops, phases, timeout_s):
+def driver_ops(driver, row, wl, ops, phases, timeout_s):
     """Each driver call of ops for every pid at once, timed into phases and row.extra["calls"];
     False at the first that fails for some pid (row.status names them)."""
     calls = row.extra.setdefault("calls", {})
@@ -621,10 +621,10 @@ def _driver_ops(driver, row, wl, ops, phases, timeout_s):
 
 def driver_cycle(driver, row, wl, timeout_s):
     """lock + checkpoint (out), restore + unlock (back), each call timed; fills row."""
-    ok = _driver_ops(driver, row, wl, ("lock", "checkpoint"), row.out_phases, timeout_s)
+    ok = driver_ops(driver, row, wl, ("lock", "checkpoint"), row.out_phases, timeout_s)
     if ok:
         row.out_s = round(row.out_phases["lock"] + row.out_phases["checkpoint"], 3)
-        ok = _driver_ops(driver, row, wl, ("restore", "unlock"), row.back_phases, timeout_s)
+        ok = driver_ops(driver, row, wl, ("restore", "unlock"), row.back_phases, timeout_s)
     if not ok:
         row.extra["states"] = {str(p): driver.state(p) for p in wl.pids} if not driver.hung else {}
         return False
@@ -654,7 +654,7 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
         phases[f"criu {what}"] = round(time.monotonic() - t0, 3)
         return True
 
-    if not _driver_ops(driver, row, wl, ("lock", "checkpoint"), row.out_phases, timeout_s):
+    if not driver_ops(driver, row, wl, ("lock", "checkpoint"), row.out_phases, timeout_s):
         return False
     plugins = plugin_dir_without_cuda()  # CRIU's own CUDA plugin would redo the driver's work
     try:
@@ -671,7 +671,7 @@ def driver_criu_cycle(driver, row, wl, images, timeout_s, criu=None):
     finally:
         if plugins:
             shutil.rmtree(plugins, ignore_errors=True)
-    if not _driver_ops(driver, row, wl, ("restore", "unlock"), row.back_phases, timeout_s):
+    if not driver_ops(driver, row, wl, ("restore", "unlock"), row.back_phases, timeout_s):
         return False
     row.back_s = round(sum(row.back_phases.values()), 3)
     row.check = wl.verify()

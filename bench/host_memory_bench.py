@@ -118,74 +118,70 @@ def parse_args(argv=None):
 
 
 def _spec(args):
+    """(script, its arguments) of the workload asked for."""
     if args.workload == "pair":
         return "pair.py", ["--gib", args.gib, "--shared-gib", args.shared_gib]
     return "blocks.py", ["--gib", args.gib, "--block-mib", 1024]
 
 
-def through_tool(args, work, run_dir, env):
-    script, wargs = _spec(args)
-    wl = bl.Workload("tool", script, wargs, work, run_dir).start(args.timeout)
+def through_tool(args, spec, work, run_dir, env):
+    """Snapshots of the workload under the shim: ready, suspended, resumed (contents checked)."""
+    wl = bl.Workload("tool", *spec, work, run_dir).start(args.timeout)
     moments = [("tool running", snapshot(wl.pids))]
     try:
-        store = os.path.join(work, "store")
-        r = bl.run_tool(["suspend", *wl.pids, "--store", store], env, args.timeout)
-        if not r.ok:
-            raise bl.WorkloadError(f"suspend: {r.why()}")
-        moments.append(("tool suspended", snapshot(wl.pids)))
-        r = bl.run_tool(["resume", wl.pids[0]], env, args.timeout)
-        if not r.ok:
-            raise bl.WorkloadError(f"resume: {r.why()}")
+        row = bl.Row(wl.name, "tool", "tmpfs", wl.bytes)
+        bl.tool_cycle(row, wl, ["suspend", *wl.pids, "--store", os.path.join(work, "store")],
+                      ["resume", wl.pids[0]], env, args.timeout,
+                      between=lambda: moments.append(("tool suspended", snapshot(wl.pids))))
+        if row.status != "ok" or row.check != "ok":
+            raise bl.WorkloadError(f"{row.status}, contents {row.check}")
         moments.append(("tool resumed", snapshot(wl.pids)))
-        check = wl.verify()
-        if check != "ok":
-            raise bl.WorkloadError(f"contents after resume: {check}")
     finally:
         wl.kill()
     return moments
 
 
-def through_driver(args, work, run_dir):
-    script, wargs = _spec(args)
-    wl = bl.Workload("driver", script, wargs, work, run_dir, shim=False).start(args.timeout)
+def through_driver(args, spec, work, run_dir):
+    """Snapshots of a copy without the shim: ready, then after the driver's lock + checkpoint."""
+    wl = bl.Workload("driver", *spec, work, run_dir, shim=False).start(args.timeout)
     moments = [("driver running", snapshot(wl.pids))]
     try:
-        driver = bl.Driver()
-        for op in ("lock", "checkpoint"):
-            _, res = driver.call(op, wl.pids, args.timeout)
-            bad = {p: r for p, r in res.items() if r != "CUDA_SUCCESS"}
-            if bad:
-                raise bl.WorkloadError(f"driver {op}: {bad}")
+        row = bl.Row(wl.name, "driver", "-", wl.bytes)
+        if not bl.driver_ops(bl.Driver(), row, wl, ("lock", "checkpoint"), row.out_phases, args.timeout):
+            raise bl.WorkloadError(row.status)
         moments.append(("driver checkpointed", snapshot(wl.pids)))
     finally:
         wl.kill()  # SIGKILL: a checkpointed process dies of nothing else
     return moments
 
 
+def _moment_json(name, snap):
+    return {"moment": name, "pids": {str(pid): {"anonymous": sum(m["anon"] for m in maps),
+                                                "mappings": [m for m in maps if m["anon"]]}
+                                     for pid, maps in snap.items()}}
+
+
 def main(argv=None):
     args = parse_args(argv)
+    spec = _spec(args)
     work = tempfile.mkdtemp(prefix="criu-gpushare-hostmem.", dir="/dev/shm")
     run_dir = os.path.join(work, "run")
     os.mkdir(run_dir, 0o700)
-    env = bl.tool_env(run_dir)
-    failed = []
-    moments = []
+    paths = [("tool", lambda: through_tool(args, spec, work, run_dir, bl.tool_env(run_dir)))]
+    if args.no_driver:
+        print("driver: skipped (--no-driver)")
+    else:
+        paths.append(("driver", lambda: through_driver(args, spec, work, run_dir)))
+    moments, failed = [], []
     try:
-        for name, fn in (("tool", lambda: through_tool(args, work, run_dir, env)),
-                         ("driver", None if args.no_driver else lambda: through_driver(args, work, run_dir))):
-            if fn is None:
-                print(f"{name}: skipped (--no-driver)")
-                continue
+        for name, run in paths:
             try:
-                got = fn()
-            except (bl.WorkloadError, RuntimeError) as e:
+                moments.append(run())
+            except (bl.WorkloadError, RuntimeError) as e:  # RuntimeError: the driver would not start
                 failed.append(f"{name}: {e}")
-                continue
-            moments.append(got)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    script, wargs = _spec(args)
-    print(f"host memory of {script} {' '.join(map(str, wargs))}: anonymous memory per process "
+    print(f"host memory of {spec[0]} {' '.join(map(str, spec[1]))}: anonymous memory per process "
           "(smaps `Anonymous:`), and the mappings that changed most since the moment before")
     for group in moments:
         print(report(group, args.shown))
@@ -193,11 +189,9 @@ def main(argv=None):
         print(f"FAILED {f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workload": [script, *map(str, wargs)], "failed": failed,
-                       "moments": [{"moment": n, "pids": {str(p): {"anonymous": sum(m["anon"] for m in maps),
-                                                                  "mappings": [m for m in maps if m["anon"]]}
-                                                          for p, maps in snap.items()}}
-                                   for group in moments for n, snap in group]}, f, indent=1)
+            json.dump({"workload": [spec[0], *map(str, spec[1])], "failed": failed,
+                       "moments": [_moment_json(n, snap) for group in moments for n, snap in group]},
+                      f, indent=1)
     return 1 if failed else 0
 
 
