@@ -1,7 +1,8 @@
 /* lifecycle.c: the shim's side of suspend/resume (protocol.md, "Suspend and resume").
  *
  * The tool drives these commands over the control socket while the process is quiesced:
- *   release        drop imports, then owned memory (VA reservations kept), then host registrations;
+ *   release        drop imports, then owned memory (VA reservations kept), then host registrations,
+ *                  then every context's stack reservation (contexts.c);
  *                  with keep, an fd of each allocation is kept first: its memory outlives the release
  *                  (the tool copies it out while the driver checkpoints) until drop-kept or recreate
  *   drop-kept      close the kept fds (the memory goes once the tool's imports of it go too)
@@ -10,7 +11,8 @@
  *   adopt {id}     an import whose exporter freed the memory becomes memory of this process
  *   attach {id}+fd an import maps its exporter's (re-created) memory again at the same VAs
  *   export-import  an fd of the memory behind an import (to save memory nobody else holds)
- *   resume         (commands.c) first re-registers host memory here, then opens the gates
+ *   resume         (commands.c) first re-registers host memory and sets the stack limits again
+ *                  here, then opens the gates
  * Every object carries a `dropped` flag set only once its own step succeeded, so a failure half-way
  * is undone exactly, and every command skips what is already done (a retried resume re-sends all).
  *
@@ -32,6 +34,7 @@
 #include <unistd.h>
 
 #include "backing.h"
+#include "contexts.h"
 #include "devices.h"
 #include "ipc.h"
 #include "lifecycle.h"
@@ -319,6 +322,8 @@ int gs_lc_release(int imports_only, int keep, struct gs_buf *body, char *err, si
     int pushed = gs_push_ctx(0);
     int rc = release_all(imports_only, keep, body, err, errlen);
     gs_pop_ctx(pushed);
+    if (rc == 0 && !imports_only) /* nothing runs until resume: the stacks' memory can go too */
+        gs_buf_printf(body, ",\"stacks\":%d", gs_contexts_lower_stacks());
     return rc;
 }
 
@@ -710,6 +715,8 @@ int gs_lifecycle_before_resume(char *err, size_t errlen)
     }
     if (pushed != -2)
         gs_pop_ctx(pushed);
+    if (rc == 0)
+        gs_contexts_restore_stacks();
     gs_unlock();
     return rc;
 }

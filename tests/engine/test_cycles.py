@@ -206,6 +206,33 @@ def test_program_handles_work_after_resume(lc, workload, tmp_path):
     assert values(b, "buf") == [22] * 4
 
 
+def _anonymous(pid):
+    """Bytes of pid's anonymous memory (what CRIU dumps of its private mappings)."""
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("Anonymous:"))
+
+
+def test_the_stack_reservation_stays_out_of_the_checkpoint(lc, workload):
+    """A context reserves its stack limit for every thread the GPU can run, and the driver's
+    checkpoint copies that reservation into the process, where CRIU would dump it. Suspended, the
+    process holds no more host memory with a 4x larger stack limit than with the smaller one (the
+    reservation was given back first: 96 MiB apart on the fake, 792 MiB on an H100), and after
+    resume the program's own limit is in place."""
+    a = workload()
+    a.do(f"cumem buf {SIZE}")
+    grew = {}
+    for stack in (1024, 4096):
+        assert a.do(f"stack {stack}")["stack"] == stack
+        write(a, "buf", stack)
+        before = _anonymous(a.pid)
+        suspend(lc, a.pid)
+        grew[stack] = _anonymous(a.pid) - before
+        resume(lc, a.pid)
+        assert a.do("stack")["stack"] == stack
+        assert values(a, "buf") == [stack] * 4
+    assert abs(grew[4096] - grew[1024]) < 16 << 20, grew
+
+
 def test_threads_submitting_work_lose_nothing(lc, workload):
     """(e) threads launching kernels and copies as fast as they can while suspend starts: held at
     the gates, every launch runs exactly once."""

@@ -228,6 +228,13 @@ static CUresult fk_do_checkpoint(void)
         h->saved = malloc(h->size);
         memcpy(h->saved, (void *)h->va, h->size);
     }
+    /* Each active primary context's local memory, whatever it holds (stack limit x threads). */
+    for (int d = 0; d < fk.ndev; d++) {
+        struct fk_ctx *c = &fk.dev[d].primary;
+        size_t n = c->stack * FK_LMEM_THREADS;
+        if (c->refcount > 0 && n && (c->lmem_saved = malloc(n)))
+            memset(c->lmem_saved, 0x5a, n);
+    }
     for (struct fk_map *m = fk.maps; m; m = m->next)
         if (m->mapped) {
             fk_map_none(m->va, m->size);
@@ -355,6 +362,10 @@ static CUresult fk_do_restore(const struct fk_ck_req *req)
         int olddev[FK_MAX_DEVICES];
         for (int d = 0; d < fk.ndev; d++) olddev[d] = fk.dev[d].primary.dev;
         for (int d = 0; d < fk.ndev; d++) fk.dev[d].primary.dev = newdev[olddev[d]];
+    }
+    for (int d = 0; d < fk.ndev; d++) {
+        free(fk.dev[d].primary.lmem_saved);
+        fk.dev[d].primary.lmem_saved = NULL;
     }
     fk.cstate = FK_LOCKED;
     fk_unlock();

@@ -171,6 +171,7 @@ static void fk_configure(void)
         d->primary.dev = i;
         d->primary.primary = 1;
         d->primary.id = (unsigned long long)i + 1;
+        d->primary.stack = FK_DEFAULT_STACK;
     }
     s = getenv("FAKECUDA_STATE");
     if (s && *s)
@@ -455,6 +456,7 @@ static struct fk_ctx *fk_ctx_create(CUdevice d, unsigned flags)
     c->dev = d;
     c->flags = flags;
     c->refcount = 1;
+    c->stack = FK_DEFAULT_STACK;
     fk_lock();
     c->id = fk_next_ctx_id++;
     fk_unlock();
@@ -617,20 +619,28 @@ FK_EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest)
     return CUDA_SUCCESS;
 }
 
+/* Only the stack size is modelled (the current context's); other limits read 0 and take any value. */
 FK_EXPORT CUresult cuCtxGetLimit(size_t *v, CUlimit limit)
 {
     FK_API("cuCtxGetLimit");
-    (void)limit;
     if (!v) return CUDA_ERROR_INVALID_VALUE;
     *v = 0;
+    if (limit != CU_LIMIT_STACK_SIZE) return CUDA_SUCCESS;
+    struct fk_ctx *c;
+    CUresult r = fk_require_ctx(&c);
+    if (r) return r;
+    *v = c->stack;
     return CUDA_SUCCESS;
 }
 
 FK_EXPORT CUresult cuCtxSetLimit(CUlimit limit, size_t v)
 {
     FK_API("cuCtxSetLimit");
-    (void)limit;
-    (void)v;
+    if (limit != CU_LIMIT_STACK_SIZE) return CUDA_SUCCESS;
+    struct fk_ctx *c;
+    CUresult r = fk_require_ctx(&c);
+    if (r) return r;
+    c->stack = v;
     return CUDA_SUCCESS;
 }
 

@@ -23,6 +23,10 @@
 
 #define FK_EXPORT __attribute__((visibility("default")))
 #define FK_MAX_DEVICES 16
+/* A context's local memory is its stack limit times this many threads (a real H100: 1 KiB x
+ * 2048 threads x 132 SMs = 264 MiB); a checkpoint copies it into the process with the rest. */
+#define FK_LMEM_THREADS 32768
+#define FK_DEFAULT_STACK 1024
 #define FK_GRANULARITY (2ull << 20) /* VMM granularity, and the rounding of cuMemAlloc */
 #define FK_ARENA_SIZE (1ull << 40)  /* device VA space per process */
 #define FK_IPC_MAGIC 0x4650494b4146ull /* "FAKIPF" */
@@ -106,6 +110,8 @@ struct fk_ctx {
     unsigned long long id;
     unsigned peers;             /* bitmask of devices whose memory this context may access */
     struct fk_stream *legacy;   /* the NULL stream */
+    size_t stack;               /* CU_LIMIT_STACK_SIZE: bytes of local memory per thread */
+    void *lmem_saved;           /* a primary context's local memory, copied by a checkpoint */
 };
 
 struct fk_op;

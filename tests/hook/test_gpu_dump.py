@@ -31,6 +31,7 @@ from criu_gpushare.errors import NoAnswer
 
 def test_wrapper_dump_then_restore(env, tree, tmp_path):
     parent, a, b = tree
+    a.do("stack 4096")  # given back while the memory is out, the program's own value after restore
     images = tmp_path / "images"
     r, wall = timed_cli(env["tool"], "dump", parent.pid, images, "--json")
     # where the time went, CRIU's part included, adds up to the whole command
@@ -58,6 +59,7 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     assert json.loads(r.stdout)["ring_pinned_ahead"] is REAL_DRIVER, r.stdout
     a.wait_ready()
     assert_back(env, a, b)
+    assert a.do("stack")["stack"] == 4096
 
 
 def test_wrapper_restore_pins_the_ring_and_loads_ahead_while_criu_restores(env, tree, tmp_path):

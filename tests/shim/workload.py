@@ -32,6 +32,8 @@ Reads one command a line on stdin and answers one JSON line on stdout: {"ok": tr
   memset NAME VALUE              cuMemsetD32Async on the worker stream (not waited for)
   sleep US                       sleep_us kernel on the worker stream (not waited for)
   newctx                         cuCtxCreate; later work runs in that context
+  stack [BYTES]                  cuCtxSetLimit(CU_LIMIT_STACK_SIZE, BYTES) in the work's context,
+                                 then its value                             -> stack
   sync                           cuStreamSynchronize(worker stream)
   read NAME [COUNT]              cuMemcpyDtoH of COUNT uint32 (default 4)   -> values
   hammer SECONDS THREADS         THREADS threads each loop {launch add32 +1, async copy} on its
@@ -327,6 +329,12 @@ class Workload:
         self.funcs = {k: ok(cu.cuModuleGetFunction(self.module, k.encode()))
                       for k in ("sleep_us", "fill32", "add32")}
         self.stream = ok(cu.cuStreamCreate(0))
+
+    def cmd_stack(self, size=None):
+        limit = cu.CUlimit.CU_LIMIT_STACK_SIZE
+        if size is not None:
+            ok(cu.cuCtxSetLimit(limit, int(size)))
+        return {"stack": int(ok(cu.cuCtxGetLimit(limit)))}
 
     def cmd_sync(self):
         ok(cu.cuStreamSynchronize(self.stream))
