@@ -1,7 +1,8 @@
 """Facts about a CRIU image directory, read with pycriu.images: what a restore will need (the
 plugins recorded in the inventory) and whether a GPU process went into the image without our hook
 (GPU device files, libcuda mappings), so dump and restore can refuse such images early; and what
-the memory CRIU wrote belongs to (the benchmarks' account of an image's size).
+the memory CRIU wrote belongs to (the benchmarks' account of an image's size). Also the page
+images read into the page cache ahead of CRIU's restore (read_pages_ahead).
 
 A missing or undecodable image file raises ImageError naming it; a missing pycriu, CriuError.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 import bisect
 import glob
 import os
+import threading
 
 from ..errors import ImageError
 from . import _pycriu
@@ -133,6 +135,31 @@ def _vma_kind(vma, files):
     if status & _VMA_ANON_PRIVATE:
         return "anonymous private"
     return "other"
+
+
+def read_pages_ahead(images_dir: str) -> threading.Thread:
+    """The process memory CRIU will restore (its pages-*.img) asked of the kernel now, in a thread
+    (POSIX_FADV_WILLNEED: read into the page cache in the background, at the device's rate). CRIU
+    reads those files piece by piece as it restores each mapping: from a disk with a cold page cache
+    that ran at 0.16 GB/s (746 MiB in 4.7 s, on a disk that reads 3.85 GB/s in large blocks). On
+    tmpfs it changes nothing. Best effort: a file that cannot be opened is left to CRIU, which
+    names it. -> the thread (started; a restore need not wait for it)."""
+    def advise():
+        for path in glob.glob(os.path.join(glob.escape(images_dir), "pages-*.img")):
+            try:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+
+    thread = threading.Thread(target=advise, name="criu-pages-ahead", daemon=True)
+    thread.start()
+    return thread
 
 
 def image_bytes(images_dir: str) -> int:

@@ -260,6 +260,7 @@ class Restore:
     def run_criu(self, criu, clock):
         """`criu-gpushare restore DIR`: check, CRIU's restore, the GPU state; -> the summary."""
         images_dir = self.images_dir
+        images.read_pages_ahead(images_dir)  # while the image and the store are checked
         try:
             self.check_image()
         except KeyboardInterrupt:
@@ -313,6 +314,7 @@ class Restore:
         checked (check_image), the node cache filled, then the GPU check started (check_gpus_ahead);
         -> whether there is GPU state to bring back. report: where the lines for CRIU's log go."""
         self.report = report
+        images.read_pages_ahead(self.images_dir)  # CRIU reads them next, once pre-restore returned
         if not self.check_image():
             return False
         fetched = self.warm_cache()

@@ -147,3 +147,26 @@ def test_the_image_s_memory_is_told_by_what_it_belongs_to(criu, tmp_path, proces
     assert found["largest"][0]["bytes"] == 32 << 20 and found["largest"][0]["pid"] == proc.pid
     written = sum(os.path.getsize(p) for p in out.glob("pages-*.img"))
     assert sum(kinds.values()) == written
+
+
+def test_the_page_images_are_asked_ahead_of_criu_and_nothing_else(plain_dump, tmp_path, monkeypatch):
+    """A restore asks the kernel to read CRIU's page images into the page cache (WILLNEED, whole
+    files) before CRIU reads them. Other image files are left alone, and a page image it cannot
+    open (here a symbolic link, which it does not follow) is skipped without stopping the rest."""
+    images_dir = tmp_path / "copy"
+    shutil.copytree(plain_dump[0], images_dir)
+    pages = sorted(p.name for p in images_dir.glob("pages-*.img"))
+    assert pages, "CRIU wrote no page image"
+    (tmp_path / "elsewhere").write_bytes(b"x" * 4096)
+    os.symlink(tmp_path / "elsewhere", images_dir / "pages-999.img")
+    advised = []
+    real = os.posix_fadvise
+
+    def record(fd, offset, length, advice):
+        advised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, advice))
+        return real(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    images.read_pages_ahead(str(images_dir)).join(10)
+    assert sorted(os.path.basename(path) for path, *_ in advised) == pages
+    assert {tuple(a[1:]) for a in advised} == {(0, 0, os.POSIX_FADV_WILLNEED)}
