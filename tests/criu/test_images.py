@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 
 import pytest
@@ -149,24 +150,41 @@ def test_the_image_s_memory_is_told_by_what_it_belongs_to(criu, tmp_path, proces
     assert sum(kinds.values()) == written
 
 
-def test_the_page_images_are_asked_ahead_of_criu_and_nothing_else(plain_dump, tmp_path, monkeypatch):
-    """A restore asks the kernel to read CRIU's page images into the page cache (WILLNEED, whole
-    files) before CRIU reads them. Other image files are left alone, and a page image it cannot
-    open (here a symbolic link, which it does not follow) is skipped without stopping the rest."""
+def test_the_page_images_are_read_ahead_of_criu_and_nothing_else(plain_dump, tmp_path, monkeypatch):
+    """A restore from a disk reads CRIU's page images whole into the page cache before CRIU reads
+    them. Other image files are left alone, and a page image it cannot open (here a symbolic link,
+    which it does not follow) is skipped without stopping the rest."""
     images_dir = tmp_path / "copy"
     shutil.copytree(plain_dump[0], images_dir)
-    pages = sorted(p.name for p in images_dir.glob("pages-*.img"))
+    if images._file_system_type(str(images_dir)) in images._MEMORY_FILE_SYSTEMS:
+        pytest.skip(f"{tmp_path} is on tmpfs here: the read-ahead is for images on a disk")
+    pages = {p.name: p.stat().st_size for p in images_dir.glob("pages-*.img")}
     assert pages, "CRIU wrote no page image"
     (tmp_path / "elsewhere").write_bytes(b"x" * 4096)
     os.symlink(tmp_path / "elsewhere", images_dir / "pages-999.img")
-    advised = []
-    real = os.posix_fadvise
+    read = {}
+    real = os.readv
 
-    def record(fd, offset, length, advice):
-        advised.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, advice))
-        return real(fd, offset, length, advice)
+    def counted(fd, buffers):
+        n = real(fd, buffers)
+        name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+        read[name] = read.get(name, 0) + n
+        return n
 
-    monkeypatch.setattr(os, "posix_fadvise", record)
-    images.read_pages_ahead(str(images_dir)).join(10)
-    assert sorted(os.path.basename(path) for path, *_ in advised) == pages
-    assert {tuple(a[1:]) for a in advised} == {(0, 0, os.POSIX_FADV_WILLNEED)}
+    monkeypatch.setattr(os, "readv", counted)
+    images.read_pages_ahead(str(images_dir)).join(30)
+    assert read == pages
+
+
+def test_page_images_in_memory_or_too_large_for_it_are_not_read_ahead(plain_dump, tmp_path, monkeypatch):
+    """On tmpfs the page images are in memory already; where they would take more than half the
+    memory available, reading them ahead would push them out again before CRIU reads them."""
+    on_tmpfs = tempfile.mkdtemp(dir="/dev/shm")
+    try:
+        shutil.copytree(plain_dump[0], on_tmpfs, dirs_exist_ok=True)
+        assert images.read_pages_ahead(on_tmpfs) is None
+    finally:
+        shutil.rmtree(on_tmpfs)
+    monkeypatch.setattr(images, "_file_system_type", lambda path: 0xEF53)  # ext4's
+    monkeypatch.setattr(images, "_available_memory", lambda: 4096)
+    assert images.read_pages_ahead(plain_dump[0]) is None
