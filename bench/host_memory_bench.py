@@ -6,8 +6,8 @@ during a checkpoint, through the tool and through the driver alone.
     python3 bench/host_memory_bench.py --workload single --gib 4 --json OUT.json
 
 Through CRIU the tool keeps GPU memory out of the image, and what CRIU still moves is the processes'
-host memory: about 1 GiB per torch process, 2 GiB for the pair, whose dump bounds the pair's hooked
-dump on a small-page tmpfs (bench/RESULTS.md). This bench says where that memory is: the anonymous
+host memory: about 0.7 GiB per torch process on an H100, 1.5 GiB for the pair, whose dump bounds the
+pair's hooked dump on a small-page tmpfs (bench/RESULTS.md). This bench says where that memory is: the anonymous
 memory of each process (`Anonymous:` of /proc/PID/smaps: the pages CRIU dumps for private mappings),
 per mapping, at these moments:
 
