@@ -138,7 +138,7 @@ def _vma_kind(vma, files):
     return "other"
 
 
-_MEMORY_FILE_SYSTEMS = {0x01021994, 0x858458F6}  # tmpfs, ramfs (linux/magic.h): already in memory
+_MEMORY_FILE_SYSTEMS = {0x01021994, 0x858458F6}  # TMPFS_MAGIC, RAMFS_MAGIC: already in memory
 _READ_BLOCK = 8 << 20
 
 

@@ -161,9 +161,8 @@ int gs_contexts_lower_stacks(void)
     return n;
 }
 
-int gs_contexts_restore_stacks(void)
+void gs_contexts_restore_stacks(void)
 {
-    int n = 0;
     CUcontext old;
     pthread_mutex_lock(&ctx_mu);
     for (size_t i = 0; i < n_lowered; i++) {
@@ -172,16 +171,13 @@ int gs_contexts_restore_stacks(void)
             r = CU(set_limit_fn, cuCtxSetLimit, CU_LIMIT_STACK_SIZE, lowered[i].stack);
             CU(CUresult(*)(CUcontext *), cuCtxPopCurrent_v2, &old);
         }
-        if (r == CUDA_SUCCESS)
-            n++;
-        else /* the driver still grows local memory for what a kernel declares; a deeper stack
-              * than that (recursion) may fail to launch */
+        if (r != CUDA_SUCCESS) /* the driver still grows local memory for what a kernel
+                                * declares; a deeper stack than that (recursion) may not launch */
             gs_log("resume: the program's stack limit of %zu bytes was not set again: %s",
                    lowered[i].stack, gs_cu_name(r));
     }
     n_lowered = 0;
     pthread_mutex_unlock(&ctx_mu);
-    return n;
 }
 
 void gs_contexts_reset_after_fork(void)
