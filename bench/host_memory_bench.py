@@ -70,6 +70,10 @@ def _label(m):
     return m["name"] or "anonymous"
 
 
+def _anonymous(maps):
+    return sum(m["anon"] for m in maps)
+
+
 def changes(before, after, shown=5):
     """The mappings of one process whose anonymous bytes changed most from before to after:
     [(label, range, perms, before bytes, after bytes)], biggest change first. Mappings are matched
@@ -92,7 +96,7 @@ def report(moments, shown=5):
     lines, prev = [], None
     for name, snap in moments:
         for pid, maps in snap.items():
-            total = sum(m["anon"] for m in maps)
+            total = _anonymous(maps)
             biggest = max(maps, key=lambda m: m["anon"], default=None)
             big = (f"; largest {_label(biggest)} {biggest['start']:#x} {biggest['anon'] / MIB:.1f} MiB"
                    if biggest else "")
@@ -156,7 +160,7 @@ def through_driver(args, spec, work, run_dir):
 
 
 def _moment_json(name, snap):
-    return {"moment": name, "pids": {str(pid): {"anonymous": sum(m["anon"] for m in maps),
+    return {"moment": name, "pids": {str(pid): {"anonymous": _anonymous(maps),
                                                 "mappings": [m for m in maps if m["anon"]]}
                                      for pid, maps in snap.items()}}
 

@@ -180,7 +180,9 @@ class Restore:
 
     def check_image(self):
         """Before CRIU restores anything: the image and the store (engine/restore.py), without
-        CUDA; -> whether there is GPU state to bring back."""
+        CUDA, while CRIU's page images are read into the page cache for it; -> whether there is
+        GPU state to bring back."""
+        images.read_pages_ahead(self.images_dir)
         self.record, self.manifest = restore.check_image(self.images_dir, self.store,
                                                          lambda: images.maps_libcuda(self.images_dir))
         return self.record is not None
@@ -260,7 +262,6 @@ class Restore:
     def run_criu(self, criu, clock):
         """`criu-gpushare restore DIR`: check, CRIU's restore, the GPU state; -> the summary."""
         images_dir = self.images_dir
-        images.read_pages_ahead(images_dir)  # while the image and the store are checked
         try:
             self.check_image()
         except KeyboardInterrupt:
@@ -314,7 +315,6 @@ class Restore:
         checked (check_image), the node cache filled, then the GPU check started (check_gpus_ahead);
         -> whether there is GPU state to bring back. report: where the lines for CRIU's log go."""
         self.report = report
-        images.read_pages_ahead(self.images_dir)  # CRIU reads them next, once pre-restore returned
         if not self.check_image():
             return False
         fetched = self.warm_cache()
