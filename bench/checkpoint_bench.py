@@ -86,6 +86,10 @@ def parse_args(argv=None):
     ap.add_argument("--tmpfs", default="/dev/shm")
     ap.add_argument("--disk", default=os.environ.get("BENCH_DISK_DIR") or os.path.join(bl.REPO, ".bench-disk"))
     ap.add_argument("--no-disk", action="store_true", help="only the tmpfs store")
+    ap.add_argument("--no-tmpfs", action="store_true",
+                    help="no rows of the --tmpfs store, only of the others (it still holds the run's "
+                         "workspace and the drv+criu image): e.g. the disk's rows at scale 1 in one "
+                         "ten-minute run")
     ap.add_argument("--huge-tmpfs", action="store_true",
                     help="also a store on a tmpfs this run mounts with huge=always (root): "
                          "its rows' store is tmpfs-huge")
@@ -146,6 +150,10 @@ class Bench:
             self.targets.append(("s3", self.s3.workdir))
         for _, d in self.targets:
             os.makedirs(d, exist_ok=True)
+        # the stores that get rows: --no-tmpfs leaves out the first, which stays the workspace
+        self.row_targets = self.targets[1:] if args.no_tmpfs else list(self.targets)
+        if not self.row_targets:
+            raise SystemExit("--no-tmpfs leaves no store for the rows: add --huge-tmpfs, the disk or --s3")
         self.rows, self.driver = [], None
         bl.become_subreaper()  # restored trees are reaped here, their pids free for the next restore
         self.has = {}
@@ -204,7 +212,7 @@ class Bench:
         wl = None
         try:
             wl = self.ensure(wl, name, spec)
-            for target, tdir in self.targets:
+            for target, tdir in self.row_targets:
                 ok, free = self.disk_room(tdir, wl.bytes)
                 if not ok:
                     for path in ("tool", "tool-warm"):
@@ -239,7 +247,7 @@ class Bench:
                 raise RuntimeError("a driver call did not return: stopping (no further driver calls)")
             if a.criu:
                 wl = self.driver_criu_row(wl, name, spec, driver_ok=row.status == "ok")
-                for target, tdir in self.targets:
+                for target, tdir in self.row_targets:
                     wl = self.criu_rows(wl, name, spec, target, tdir)
         except bl.WorkloadError as e:
             self.add(Row(name, "-", "-", wl.bytes if wl and wl.info else 0, status=f"error: {e}"[:300]))
@@ -524,7 +532,7 @@ def main(argv=None):
         bench.log(f"scale {args.scale}; workloads {', '.join(names)}; stores "
                   + ", ".join(f"{t}={d}" for t, d in bench.targets) + f"; tool {' '.join(bl.tool_argv())}"
                   + f"; transparent huge pages {bench.thp}")
-        rates = measure_rates(bench.targets, max(1.0, args.disk_rate_gib * args.scale))
+        rates = measure_rates(bench.row_targets, max(1.0, args.disk_rate_gib * args.scale))
         print(rates_text(rates), flush=True)
         if not args.no_pretouch:
             pretouch(bench.targets, max(workload_bytes(args, n) for n in names))

@@ -104,6 +104,23 @@ def test_checkpoint_bench_mounts_a_huge_page_tmpfs_store_for_its_run_and_unmount
     assert after == "False False", r.stdout
 
 
+def test_no_tmpfs_gives_rows_to_the_other_stores_only_and_refuses_to_leave_none(tmp_path):
+    """--no-tmpfs: the disk store alone gets rows (the tmpfs one stays the workspace); with the
+    disk left out too, the run stops saying why and leaves no directory behind."""
+    import checkpoint_bench as cb
+    disk = tmp_path / "disk"
+    bench = cb.Bench(cb.parse_args(["--no-tmpfs", "--tmpfs", str(tmp_path), "--disk", str(disk)]))
+    try:
+        assert [t for t, _ in bench.targets] == ["tmpfs", "disk"]
+        assert [t for t, _ in bench.row_targets] == ["disk"]
+    finally:
+        bench.close()
+    with pytest.raises(SystemExit, match="--no-tmpfs leaves no store for the rows"):
+        cb.Bench(cb.parse_args(["--no-tmpfs", "--no-disk", "--tmpfs", str(tmp_path)]))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["disk"]
+    assert list(disk.iterdir()) == []
+
+
 def test_a_checkpoint_bench_whose_set_up_fails_leaves_no_mount_and_no_directory(tmp_path):
     """--thp that cannot be set (here: refused as without root) after the huge-page tmpfs was
     mounted: the run stops saying why, with the mount and its working directory gone."""
