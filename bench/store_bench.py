@@ -10,8 +10,9 @@ the chunk files are dropped from the page cache (posix_fadvise DONTNEED), so dis
     python bench/store_bench.py                    # ~45 s on 2 cores: 1 GiB per case, best of 2
     python bench/store_bench.py --size 16G --threads 8 --tmpfs /dev/shm --disk /var/tmp
     python bench/store_bench.py --json
+    python bench/store_bench.py --size 8G --threads 2,4,8,16 --io direct --tmpfs '' --disk DIR
 
-Cases: target (tmpfs, disk) x I/O (O_DIRECT, buffered) x threads (1, N). Throughput is GB/s
+Cases: target (tmpfs, disk) x I/O (O_DIRECT, buffered) x threads (1, N, or each of a list). Throughput is GB/s
 (10^9 bytes per second) of chunk bytes.
 """
 import argparse
@@ -104,8 +105,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="1G", help="bytes written per case (default 1G)")
     ap.add_argument("--chunk", default="64M", help="chunk size (default 64M, the format's max)")
-    ap.add_argument("--threads", type=int, default=min(8, os.cpu_count() or 1),
-                    help="the N of the multi-thread cases (default: CPUs, at most 8)")
+    ap.add_argument("--threads", default=str(min(8, os.cpu_count() or 1)),
+                    help="the N of the multi-thread cases (default: CPUs, at most 8), or a list "
+                         "such as 2,4,16: a case for each, and for 1 (how a disk's rate varies "
+                         "with the readers and writers at once)")
+    ap.add_argument("--io", choices=("both", "direct", "buffered"), default="both",
+                    help="O_DIRECT cases, buffered cases, or both (default)")
     ap.add_argument("--tmpfs", default="/dev/shm", help="a tmpfs directory ('' to skip)")
     ap.add_argument("--disk", default="/var/tmp", help="a directory on disk ('' to skip)")
     ap.add_argument("--repeat", type=int, default=2,
@@ -115,7 +120,13 @@ def main():
     size, chunk = parse_size(args.size, "--size"), parse_size(args.chunk, "--chunk")
     if not 0 < chunk <= CHUNK_SIZE_MAX:
         ap.error(f"--chunk must be 1..{CHUNK_SIZE_MAX}")
-    thread_counts = sorted({1, args.threads})
+    try:
+        thread_counts = sorted({1, *(int(t) for t in args.threads.split(","))})
+    except ValueError:
+        ap.error(f"--threads: a number or numbers separated by commas, not {args.threads!r}")
+    if thread_counts[0] < 1:
+        ap.error("--threads: at least 1")
+    ios = {"both": (True, False), "direct": (True,), "buffered": (False,)}[args.io]
     buffers = [aligned_buffer(chunk, t) for t in range(max(thread_counts))]
     rows = []
     for target, base in (("tmpfs", args.tmpfs), ("disk", args.disk)):
@@ -124,7 +135,7 @@ def main():
         # Untimed warm-up: the first writes to a file system pay for page allocation and metadata
         # that would otherwise be charged to whichever case happens to run first.
         bench_case(base, size, chunk, max(thread_counts), False, buffers)
-        for direct in (True, False):
+        for direct in ios:
             for threads in thread_counts:
                 runs = [bench_case(base, size, chunk, threads, direct, buffers)
                         for _ in range(max(1, args.repeat))]
