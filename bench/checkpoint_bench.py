@@ -29,7 +29,8 @@ Paths, each followed by a check of the GPU contents (digest computed on the GPU 
   criu-cold  with --criu, disk store only: the same, the page cache dropped (sync, drop_caches;
              root) between the dump and the restore, so the restore reads the device
 Stores: tmpfs (--tmpfs, /dev/shm), with --huge-tmpfs also a tmpfs of huge pages mounted for the run
-(root), and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the repository). Before the
+(root), and disk (--disk, default $BENCH_DISK_DIR or .bench-disk in the repository); --no-tmpfs
+gives the tmpfs store no rows (the disk's rows at scale 1 then fit one ten-minute run). Before the
 rows, each tmpfs gets the largest workload's size written and removed, so that a freshly started
 VM's first touch of its memory is not charged to the first row (--no-pretouch). Each store's own
 O_DIRECT write/read rate is measured in the same run, and each row's GB/s is printed as a share of
