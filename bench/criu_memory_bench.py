@@ -15,7 +15,10 @@ before the dump, against one it takes again). Each transparent huge page mode is
 cycle (the workload's memory takes the mode in force when it is faulted in, CRIU's restore too)
 and put back at the end; setting it needs root. --collapse adds, per mode, cycles whose workload
 memory the bench collapses into 2 MiB pages from outside just before the dump (process_madvise
-MADV_COLLAPSE, as a tool could), the collapse timed.
+MADV_COLLAPSE, as a tool could), the collapse timed. --cold (images on a disk: --dir) drops the
+page cache between the dump and the restore, in two kinds of cycle per mode: CRIU reading its
+page images as it restores (MODE+cold), and the page images read ahead in a thread as the restore
+starts (MODE+cold+ahead: criu/images.py read_pages_ahead, as a restore of the tool does).
 
 Per mode, the medians of --runs cycles: the wall time of each command and CRIU's own account
 (stats-dump: frozen, memdump, memwrite; stats-restore: restore), in seconds.
@@ -36,7 +39,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
-from criu_gpushare.criu.images import stats  # noqa: E402
+from criu_gpushare.criu.images import read_pages_ahead, stats  # noqa: E402
 
 # The workload: GIB GiB of random bytes in one anonymous mapping (a random 64 MiB, repeated, each
 # 4 KiB page stamped with its index: CRIU copies pages as they are, whatever they hold), their
@@ -136,9 +139,10 @@ def collapse(pid):
     return time.monotonic() - t0, done
 
 
-def cycle(args, work, collapse_first=False):
+def cycle(args, work, collapse_first=False, cold=None):
     """One dump and restore of a fresh workload (with collapse_first, its memory collapsed into
-    huge pages just before the dump); -> its figures."""
+    huge pages just before the dump; with cold, the page cache dropped before the restore, and
+    with cold="ahead" the page images read ahead as it starts); -> its figures."""
     images = tempfile.mkdtemp(prefix="images.", dir=work)
     ready, check = os.path.join(work, "ready"), os.path.join(work, "check")
     for p in (ready, check):
@@ -154,7 +158,16 @@ def cycle(args, work, collapse_first=False):
         collapsed = collapse(pid) if collapse_first else None
         dump_s = _criu(args.criu, ["dump", "-t", str(pid)], images, args.timeout)
         proc.wait(timeout=10)  # CRIU ended it
-        restore_s = _criu(args.criu, ["restore", "-d"], images, args.timeout)
+        if cold:
+            why = bl.drop_page_cache()
+            if why:
+                raise RuntimeError(f"--cold: {why}")
+        t0 = time.monotonic()
+        ahead = read_pages_ahead(images) if cold == "ahead" else None
+        _criu(args.criu, ["restore", "-d"], images, args.timeout)
+        restore_s = time.monotonic() - t0  # the read ahead's start included
+        if cold == "ahead" and ahead is None:
+            raise RuntimeError(f"--cold: no read ahead in {images} (a tmpfs, or too little memory)")
         os.kill(pid, signal.SIGUSR1)  # restored under its own pid
         after = _wait_for(check, args.timeout)
         out = {"dump_s": dump_s, "restore_s": restore_s, "check": "ok" if after == before else "DIFFERS"}
@@ -190,8 +203,14 @@ def main(argv=None):
     ap.add_argument("--collapse", action="store_true",
                     help="also, per mode, cycles whose workload memory is collapsed into huge pages "
                          "(process_madvise MADV_COLLAPSE) just before the dump: rows MODE+collapse")
+    ap.add_argument("--cold", action="store_true",
+                    help="the page cache dropped before each restore (root; --dir on a disk): rows "
+                         "MODE+cold, CRIU reading its images alone, and MODE+cold+ahead, the page "
+                         "images read ahead as the tool's restore does")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
+    if args.cold and args.collapse:
+        ap.error("--cold and --collapse: one question at a time")
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ("always", "madvise", "never")]
     if bad:
@@ -216,13 +235,17 @@ def measure(args, modes, work):
     results = {}
     for mode in modes:
         bl.set_thp_mode(mode)
-        for collapse_first in (False, True) if args.collapse else (False,):
-            runs = [cycle(args, work, collapse_first) for _ in range(args.runs)]
+        kinds = [(False, None)] + ([(True, None)] if args.collapse else [])
+        if args.cold:
+            kinds = [(False, "cold"), (False, "ahead")]
+        for collapse_first, cold in kinds:
+            runs = [cycle(args, work, collapse_first, cold) for _ in range(args.runs)]
             row = {k: round(statistics.median(r[k] for r in runs), 3)
                    for k in runs[0] if isinstance(runs[0][k], (int, float))}
             row["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
             row["runs"] = args.runs
-            results[mode + ("+collapse" if collapse_first else "")] = row
+            suffix = {None: "", "cold": "+cold", "ahead": "+cold+ahead"}[cold]
+            results[mode + ("+collapse" if collapse_first else "") + suffix] = row
     return results
 
 
