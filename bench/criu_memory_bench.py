@@ -18,7 +18,13 @@ memory the bench collapses into 2 MiB pages from outside just before the dump (p
 MADV_COLLAPSE, as a tool could), the collapse timed. --cold (images on a disk: --dir) drops the
 page cache between the dump and the restore, in two kinds of cycle per mode: CRIU reading its
 page images as it restores (MODE+cold), and the page images read ahead in a thread as the restore
-starts (MODE+cold+ahead: criu/images.py read_pages_ahead, as a restore of the tool does).
+starts (MODE+cold+ahead: criu/images.py read_pages_ahead, as a restore of the tool does). With
+--beside-store GIB also three kinds where a chunk store in --dir is read beside the restore, as
+the tool reads it into GPU memory while CRIU restores (GIB of 64 MiB chunks, 16 threads, O_DIRECT,
+through the store's own code): at once with no read ahead (+store), at once with it
+(+ahead+store), after the page images were read (+pages-first+store), and at once with the read
+ahead, the store's readers in the idle I/O class (+ahead+idle-store); the column `both s` is when
+the restore and the reading had both ended.
 
 Per mode, the medians of --runs cycles: the wall time of each command and CRIU's own account
 (stats-dump: frozen, memdump, memwrite; stats-restore: restore), in seconds.
@@ -30,16 +36,20 @@ import os
 import shutil
 import signal
 import statistics
+import mmap
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
 from criu_gpushare.criu.images import read_pages_ahead, stats  # noqa: E402
+from criu_gpushare.store import Store  # noqa: E402
 
 # The workload: GIB GiB of random bytes in one anonymous mapping (a random 64 MiB, repeated, each
 # 4 KiB page stamped with its index: CRIU copies pages as they are, whatever they hold), their
@@ -139,10 +149,88 @@ def collapse(pid):
     return time.monotonic() - t0, done
 
 
-def cycle(args, work, collapse_first=False, cold=None):
+#: --cold kinds: (suffix of the row, page images read ahead, the store read beside: None, "at once"
+#: or "after the pages")
+COLD_KINDS = {"cold": ("+cold", False, None), "ahead": ("+cold+ahead", True, None),
+              "store": ("+cold+store", False, "at once"), "ahead+store": ("+cold+ahead+store", True, "at once"),
+              "pages-first+store": ("+cold+pages-first+store", True, "after the pages"),
+              "idle-store": ("+cold+ahead+idle-store", True, "at once, idle")}
+CHUNK = 64 << 20
+STORE_READERS = 16  # as the tool's load (gpu/copy_engine.py: one per CPU, at most 16)
+
+
+_SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
+IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13  # linux/ioprio.h
+
+
+def set_idle_io_priority():
+    """This thread's I/O in the idle class (ioprio_set(2) on its thread id)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    if libc.syscall(_SYS_IOPRIO_SET[os.uname().machine], IOPRIO_WHO_PROCESS, threading.get_native_id(),
+                    IOPRIO_CLASS_IDLE << IOPRIO_CLASS_SHIFT) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"ioprio_set: {os.strerror(err)}")
+
+
+def io_scheduler(path):
+    """The I/O scheduler of the disk that holds path (sysfs: the bracketed word), or None."""
+    dev = os.stat(path).st_dev
+    base = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
+    for where in (base, os.path.join(base, "..")):  # a partition's queue is its disk's
+        try:
+            with open(os.path.join(where, "queue", "scheduler")) as f:
+                text = f.read()
+        except OSError:
+            continue
+        return text[text.index("[") + 1:text.index("]")] if "[" in text else text.strip()
+    return None
+
+
+class BesideStore:
+    """A chunk store of `gib` GiB of distinct 64 MiB chunks in `work`, read whole on demand by
+    STORE_READERS threads (O_DIRECT, unverified: as a load reads)."""
+
+    def __init__(self, work, gib):
+        self.store = Store.open(os.path.join(work, "store"), create=True)
+        self.buffers = [mmap.mmap(-1, CHUNK) for _ in range(STORE_READERS)]  # aligned, as pinned memory
+        base = os.urandom(CHUNK)
+        self.ids = []
+        for i in range(max(1, int(gib * (1 << 30)) // CHUNK)):
+            view = memoryview(self.buffers[0])
+            view[:] = base
+            view[:8] = i.to_bytes(8, "little")
+            self.ids.append(self.store.put(view).chunk_id)
+        self.store.sync()
+        self.bytes = len(self.ids) * CHUNK
+
+    def read_all(self, idle=False):
+        """Every chunk read once; idle: each reader in the idle I/O class (the disk serves it only
+        when nothing else asks; honoured by the mq-deadline and bfq schedulers, not by none)."""
+        order, lock = iter(self.ids), threading.Lock()
+
+        def reader(t):
+            if idle:
+                set_idle_io_priority()
+            view = memoryview(self.buffers[t])
+            while True:
+                with lock:
+                    cid = next(order, None)
+                if cid is None:
+                    return
+                self.store.get(cid, view, verify=False)
+        with ThreadPoolExecutor(STORE_READERS) as pool:
+            for f in [pool.submit(reader, t) for t in range(STORE_READERS)]:
+                f.result()
+
+    def close(self):
+        self.store.close()
+
+
+def cycle(args, work, collapse_first=False, cold=None, beside=None):
     """One dump and restore of a fresh workload (with collapse_first, its memory collapsed into
-    huge pages just before the dump; with cold, the page cache dropped before the restore, and
-    with cold="ahead" the page images read ahead as it starts); -> its figures."""
+    huge pages just before the dump; with cold, a COLD_KINDS key: the page cache dropped before
+    the restore, the page images read ahead, the BesideStore `beside` read); -> its figures."""
     images = tempfile.mkdtemp(prefix="images.", dir=work)
     ready, check = os.path.join(work, "ready"), os.path.join(work, "check")
     for p in (ready, check):
@@ -162,15 +250,33 @@ def cycle(args, work, collapse_first=False, cold=None):
             why = bl.drop_page_cache()
             if why:
                 raise RuntimeError(f"--cold: {why}")
+        _, read_ahead, store_when = COLD_KINDS[cold] if cold else (None, False, None)
         t0 = time.monotonic()
-        ahead = read_pages_ahead(images) if cold == "ahead" else None
+        ahead = read_pages_ahead(images) if read_ahead else None
+        if read_ahead and ahead is None:
+            raise RuntimeError(f"--cold: no read ahead in {images} (a tmpfs, or too little memory)")
+        store_ended = []
+
+        def read_store():
+            if store_when == "after the pages":
+                ahead.join()
+            beside.read_all(idle=store_when == "at once, idle")
+            store_ended.append(time.monotonic())
+        reading = threading.Thread(target=read_store, daemon=True) if store_when else None
+        if reading:
+            reading.start()
         _criu(args.criu, ["restore", "-d"], images, args.timeout)
         restore_s = time.monotonic() - t0  # the read ahead's start included
-        if cold == "ahead" and ahead is None:
-            raise RuntimeError(f"--cold: no read ahead in {images} (a tmpfs, or too little memory)")
+        if reading:
+            reading.join(args.timeout)
+            if not store_ended:
+                raise RuntimeError("the store's reading failed or did not end")
         os.kill(pid, signal.SIGUSR1)  # restored under its own pid
         after = _wait_for(check, args.timeout)
         out = {"dump_s": dump_s, "restore_s": restore_s, "check": "ok" if after == before else "DIFFERS"}
+        if store_when:
+            out["store_s"] = store_ended[0] - t0
+            out["both_s"] = max(restore_s, out["store_s"])
         if collapsed:
             out["collapse_s"], out["collapsed_bytes"] = collapsed
         for action in ("dump", "restore"):
@@ -188,7 +294,7 @@ def cycle(args, work, collapse_first=False, cold=None):
 
 COLUMNS = [("collapse_s", "collapse"), ("dump_s", "dump s"), ("dump.frozen", "frozen"),
            ("dump.memdump", "memdump"), ("dump.memwrite", "memwrite"), ("restore_s", "restore s"),
-           ("restore.restore", "restore")]
+           ("restore.restore", "restore"), ("store_s", "store s"), ("both_s", "both s")]
 
 
 def main(argv=None):
@@ -207,8 +313,13 @@ def main(argv=None):
                     help="the page cache dropped before each restore (root; --dir on a disk): rows "
                          "MODE+cold, CRIU reading its images alone, and MODE+cold+ahead, the page "
                          "images read ahead as the tool's restore does")
+    ap.add_argument("--beside-store", type=float, metavar="GIB",
+                    help="with --cold: also rows with a chunk store of GIB GiB in --dir read beside "
+                         "the restore (at once, at once with the read ahead, after the page images)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
+    if args.beside_store and not args.cold:
+        ap.error("--beside-store needs --cold")
     if args.cold and args.collapse:
         ap.error("--cold and --collapse: one question at a time")
     modes = [m for m in args.modes.split(",") if m]
@@ -232,31 +343,45 @@ def main(argv=None):
 
 def measure(args, modes, work):
     """{row name: medians of --runs cycles} per mode, and per mode collapsed with --collapse."""
+    beside = BesideStore(work, args.beside_store) if args.beside_store else None
+    try:
+        return _measure(args, modes, work, beside)
+    finally:
+        if beside:
+            beside.close()
+
+
+def _measure(args, modes, work, beside):
     results = {}
     for mode in modes:
         bl.set_thp_mode(mode)
         kinds = [(False, None)] + ([(True, None)] if args.collapse else [])
         if args.cold:
-            kinds = [(False, "cold"), (False, "ahead")]
+            kinds = [(False, k) for k in COLD_KINDS if args.beside_store or "store" not in k]
         for collapse_first, cold in kinds:
-            runs = [cycle(args, work, collapse_first, cold) for _ in range(args.runs)]
+            runs = [cycle(args, work, collapse_first, cold, beside) for _ in range(args.runs)]
             row = {k: round(statistics.median(r[k] for r in runs), 3)
                    for k in runs[0] if isinstance(runs[0][k], (int, float))}
             row["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
             row["runs"] = args.runs
-            suffix = {None: "", "cold": "+cold", "ahead": "+cold+ahead"}[cold]
+            suffix = COLD_KINDS[cold][0] if cold else ""
             results[mode + ("+collapse" if collapse_first else "") + suffix] = row
     return results
 
 
 def report(args, results, before):
     if args.json:
-        print(json.dumps({"gib": args.gib, "modes": results, "thp_before": before}, indent=2))
+        print(json.dumps({"gib": args.gib, "modes": results, "thp_before": before,
+                          "io_scheduler": io_scheduler(args.dir) if args.cold else None}, indent=2))
         return
-    print(f"CRIU, {args.gib:g} GiB of anonymous memory, images in {args.dir}, median of {args.runs} (s)")
-    print(f"{'THP mode':<17}" + "".join(f"{title:>10}" for _, title in COLUMNS) + f"{'pages':>10}  check")
+    print(f"CRIU, {args.gib:g} GiB of anonymous memory, images in {args.dir}, median of {args.runs} (s)"
+          + (", the page cache dropped before each restore" if args.cold else "")
+          + (f", a store of {args.beside_store:g} GiB read beside it (+store rows)" if args.beside_store else "")
+          + (f"; I/O scheduler of {args.dir}: {io_scheduler(args.dir)}" if args.cold else ""))
+    width = max(17, *(len(m) + 1 for m in results))
+    print(f"{'THP mode':<{width}}" + "".join(f"{title:>10}" for _, title in COLUMNS) + f"{'pages':>10}  check")
     for mode, r in results.items():
-        print(f"{mode:<17}" + "".join(f"{r[k]:>10.2f}" if k in r else f"{'-':>10}" for k, _ in COLUMNS)
+        print(f"{mode:<{width}}" + "".join(f"{r[k]:>10.2f}" if k in r else f"{'-':>10}" for k, _ in COLUMNS)
               + f"{r.get('dump.pages_written', 0):>10.0f}  {r['check']}")
 
 

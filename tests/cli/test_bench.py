@@ -273,6 +273,34 @@ def test_criu_memory_bench_dumps_and_restores_a_process_and_checks_its_memory(cr
     assert bl.thp_mode() == mode and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="dropping the page cache needs root")
+def test_criu_memory_bench_restores_from_a_cold_cache_beside_a_store_s_reading(criu, tmp_path):
+    """--cold --beside-store: every kind of cold restore, its memory checked, the store read whole
+    beside it where asked (its end and the end of both timed), nothing left in --dir."""
+    from criu_gpushare.criu import images
+    mode = bl.thp_mode()
+    if mode is None:
+        pytest.skip("no transparent huge page mode to read on this kernel")
+    if images._file_system_type(str(tmp_path)) in images._MEMORY_FILE_SYSTEMS:
+        pytest.skip(f"{tmp_path} is on tmpfs here: a cold restore needs its images on a disk")
+    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs",
+                        "1", "--modes", mode, "--cold", "--beside-store", "0.125", "--dir", str(tmp_path),
+                        "--criu", criu, "--json"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    modes = json.loads(r.stdout)["modes"]
+    kinds = ["cold", "cold+ahead", "cold+store", "cold+ahead+store", "cold+pages-first+store",
+             "cold+ahead+idle-store"]
+    assert list(modes) == [f"{mode}+{k}" for k in kinds], modes
+    for name, got in modes.items():
+        assert got["check"] == "ok" and got["restore_s"] > 0, got
+        assert got["restore.pages_restored"] == got["dump.pages_written"] >= 16384, got
+        if name.endswith("store"):
+            assert got["store_s"] > 0 and got["both_s"] == max(got["restore_s"], got["store_s"]), got
+        else:
+            assert "store_s" not in got, got
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="setting the huge page mode needs root")
 def test_criu_memory_bench_says_why_when_criu_fails_and_leaves_nothing(tmp_path):
     mode = bl.thp_mode()

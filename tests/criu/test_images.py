@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-import threading
 import time
 
 import pytest
@@ -153,7 +152,7 @@ def test_the_image_s_memory_is_told_by_what_it_belongs_to(criu, tmp_path, proces
 
 def test_the_page_images_are_read_ahead_of_criu_and_nothing_else(plain_dump, tmp_path, monkeypatch):
     """A restore from a disk reads CRIU's page images whole into the page cache before CRIU reads
-    them, every byte once, its readers sharing them piece by piece. Other image files are left alone, and a page image it cannot open (here a symbolic link,
+    them. Other image files are left alone, and a page image it cannot open (here a symbolic link,
     which it does not follow) is skipped without stopping the rest."""
     images_dir = tmp_path / "copy"
     shutil.copytree(plain_dump[0], images_dir)
@@ -163,20 +162,16 @@ def test_the_page_images_are_read_ahead_of_criu_and_nothing_else(plain_dump, tmp
     assert pages, "CRIU wrote no page image"
     (tmp_path / "elsewhere").write_bytes(b"x" * 4096)
     os.symlink(tmp_path / "elsewhere", images_dir / "pages-999.img")
-    read, lock = {}, threading.Lock()
-    real = os.preadv
+    read = {}
+    real = os.readv
 
-    def counted(fd, buffers, offset):
-        n = real(fd, buffers, offset)
+    def counted(fd, buffers):
+        n = real(fd, buffers)
         name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-        with lock:
-            read[name] = read.get(name, 0) + n
+        read[name] = read.get(name, 0) + n
         return n
 
-    monkeypatch.setattr(os, "preadv", counted)
-    # pieces and reads much smaller than the files: every reader takes several, each read whole
-    monkeypatch.setattr(images, "_READ_PIECE", 48 << 10)
-    monkeypatch.setattr(images, "_READ_BLOCK", 20 << 10)
+    monkeypatch.setattr(os, "readv", counted)
     images.read_pages_ahead(str(images_dir)).join(30)
     assert read == pages
 
