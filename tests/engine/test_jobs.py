@@ -117,6 +117,45 @@ def test_a_restore_that_fails_before_its_gpu_steps_stops_what_it_loads_ahead(mon
     assert started.closed == (0 if refused else 1)
 
 
+@pytest.mark.parametrize("store_where", ["same device", "another device", "s3"])
+def test_the_store_is_read_ahead_after_criu_s_page_images_where_they_share_its_device(
+        monkeypatch, tmp_path, store_where):
+    """CRIU reads its page images in small pieces: beside the store's many large reads from the
+    same disk they came slowly, and CRIU's restore waited for them. So the store's reading ahead
+    starts once the page images are read where both are on one device, and at once elsewhere."""
+    import threading
+    images_dir, store = tmp_path / "images", tmp_path / "store"
+    images_dir.mkdir()
+    store.mkdir()
+    location = {"same device": str(store), "another device": "/proc", "s3": "s3://bucket/store"}[store_where]
+    pages_read, order = threading.Event(), []
+
+    def read_pages():
+        pages_read.wait(30)
+        order.append("pages read")
+    pages = threading.Thread(target=read_pages)
+    pages.start()
+    job = jobs.Restore(str(images_dir), load_settings({}, {"CRIU_GPUSHARE_CONFIG": os.devnull}))
+    job.record = {"store": location, "ref": "dump-1-x", "group": {"units": []}}
+    job._pages_ahead = pages
+    monkeypatch.setattr(jobs.restore, "check_gpus", lambda images_dir, rec, gpu_map: {0: 64 << 30})
+    monkeypatch.setattr(jobs.restore, "pin_ring_ahead", lambda room, total: True)
+    monkeypatch.setattr(jobs.restore, "load_ahead",
+                        lambda rec, options, manifest, report: order.append("store read ahead"))
+    try:
+        job.check_gpus_ahead()
+        if store_where != "same device":
+            job.gpus_checked()
+            assert order == ["store read ahead"]
+        pages_read.set()
+        job.gpus_checked()
+        pages.join(30)
+        assert order == (["pages read", "store read ahead"] if store_where == "same device"
+                         else ["store read ahead", "pages read"])
+    finally:
+        pages_read.set()
+
+
 def test_work_in_a_thread_is_handed_over_once_and_never_lost():
     """engine/inthread.py InThread, on which `criu-gpushare dump` runs its GPU steps while CRIU
     starts: its value or its exception reaches the caller; a wait broken off (a Ctrl-C) leaves it
