@@ -327,6 +327,7 @@ def main(argv=None):
     if bad:
         ap.error(f"--modes: {', '.join(bad)}: each must be always, madvise or never")
     bl.become_subreaper()  # the restored workload is reaped here
+    os.makedirs(args.dir, exist_ok=True)
     work = tempfile.mkdtemp(prefix="criu-memory-bench.", dir=args.dir)
     before = bl.thp_mode()
     try:

@@ -25,7 +25,8 @@
 #      bench/startup_bench.py when BENCHES names `startup` -> OUT/bench-startup.txt,
 #      bench/write_paths_bench.py --huge-tmpfs when BENCHES names `writes` -> OUT/bench-writes.txt,
 #      bench/save_stages_bench.py (BENCH_STAGES_GIB, default 40) when it names `stages`
-#      -> OUT/bench-stages.txt, bench/criu_memory_bench.py (BENCH_CRIU_MEMORY_GIB, default 1) when
+#      -> OUT/bench-stages.txt, bench/criu_memory_bench.py (BENCH_CRIU_MEMORY_GIB, default 1, and
+#      BENCH_CRIU_MEMORY_ARGS, e.g. "--cold --beside-store 8 --dir .bench-disk/criu-memory") when
 #      it names `criu-memory` -> OUT/bench-criu-memory.txt, bench/host_memory_bench.py
 #      (BENCH_HOST_MEMORY_ARGS) when it names `host-memory` -> OUT/bench-host-memory.txt, bench/overlap_bench.py
 #      (BENCH_OVERLAP_GIB, default 16) when it names `overlap` -> OUT/bench-overlap.txt, and
@@ -50,8 +51,8 @@
 # checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
 # limits one command to 10 minutes needs several runs: split by GPU_PARTS, GPU_TESTS, REAL_SUITES.
 # Only a few files of OUT may come back: 0-summary.txt holds the summary and the probe figures,
-# 0-bench-checkpoint.txt and .json, 0-bench-startup.txt and 0-bench-host-memory.txt the benches'
-# output (also that of a bench the run's timeout stopped, as far as it got).
+# 0-bench-checkpoint.txt and .json, 0-bench-startup.txt, 0-bench-host-memory.txt and
+# 0-bench-criu-memory.txt the benches' output (also that of a bench the run's timeout stopped, as far as it got).
 # GPU_REQUIRE=NAME stops at once (exit 3, said in 0-summary.txt) on a GPU whose name lacks NAME.
 # Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
 # run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
@@ -170,7 +171,7 @@ finish() {
     # A machine that brings back only a few files of OUT, in name order, brings this one first,
     # and the benches' tables beside it (written as they ran: what a stopped run had done too).
     cp "$OUT/summary.txt" "$OUT/0-summary.txt"
-    for f in bench-checkpoint.txt bench-checkpoint.json bench-startup.txt bench-host-memory.txt; do
+    for f in bench-checkpoint.txt bench-checkpoint.json bench-startup.txt bench-host-memory.txt bench-criu-memory.txt; do
         [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/0-$f"
     done
     cat "$OUT/summary.txt"
@@ -346,7 +347,8 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
         step "bench/save_stages_bench.py (${BENCH_STAGES_GIB:-40} GiB)" "${PIPESTATUS[0]}"
     fi
     if [[ $BENCHES == *" criu-memory "* ]]; then
-        timeout 300 python3 bench/criu_memory_bench.py --gib "${BENCH_CRIU_MEMORY_GIB:-1}" 2>&1 | tee "$OUT/bench-criu-memory.txt"
+        timeout 300 python3 bench/criu_memory_bench.py --gib "${BENCH_CRIU_MEMORY_GIB:-1}" ${BENCH_CRIU_MEMORY_ARGS:-} 2>&1 |
+            tee "$OUT/bench-criu-memory.txt"
         step "bench/criu_memory_bench.py (${BENCH_CRIU_MEMORY_GIB:-1} GiB)" "${PIPESTATUS[0]}"
     fi
     if [[ $BENCHES == *" host-memory "* ]]; then
