@@ -12,8 +12,8 @@ the chunk files are dropped from the page cache (posix_fadvise DONTNEED), so dis
     python bench/store_bench.py --json
     python bench/store_bench.py --size 8G --threads 2,4,8,16 --io direct --tmpfs '' --disk DIR
 
-Cases: target (tmpfs, disk) x I/O (O_DIRECT, buffered) x threads (1, N, or each of a list). Throughput is GB/s
-(10^9 bytes per second) of chunk bytes.
+Cases: target (tmpfs, disk) x I/O (O_DIRECT, buffered) x threads (1, N, or each of a list).
+Throughput is GB/s (10^9 bytes per second) of chunk bytes.
 """
 import argparse
 import json
