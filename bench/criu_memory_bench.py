@@ -24,7 +24,10 @@ the tool reads it into GPU memory while CRIU restores (GIB of 64 MiB chunks, 16 
 through the store's own code): at once with no read ahead (+store), at once with it
 (+ahead+store), after the page images were read (+pages-first+store), and at once with the read
 ahead, the store's readers in the idle I/O class (+ahead+idle-store); the column `both s` is when
-the restore and the reading had both ended.
+the restore and the reading had both ended. --durable (--dir on a disk) times what the tool's
+post-dump adds to a dump: the image's file system synced after CRIU's dump (MODE+sync), and the
+same with the image sent to the disk while CRIU writes it (MODE+writeback+sync: criu/images.py
+WriteBack, as the tool's dump does); `durable s` is the dump and its sync.
 
 Per mode, the medians of --runs cycles: the wall time of each command and CRIU's own account
 (stats-dump: frozen, memdump, memwrite; stats-restore: restore), in seconds.
@@ -48,8 +51,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
-from criu_gpushare.criu.images import read_pages_ahead, stats  # noqa: E402
+from criu_gpushare.criu.images import WriteBack, read_pages_ahead, stats  # noqa: E402
 from criu_gpushare.store import Store  # noqa: E402
+from criu_gpushare.store.fsutil import syncfs  # noqa: E402
 
 # The workload: GIB GiB of random bytes in one anonymous mapping (a random 64 MiB, repeated, each
 # 4 KiB page stamped with its index: CRIU copies pages as they are, whatever they hold), their
@@ -227,10 +231,12 @@ class BesideStore:
         self.store.close()
 
 
-def cycle(args, work, collapse_first=False, cold=None, beside=None):
+def cycle(args, work, collapse_first=False, cold=None, beside=None, durable=None):
     """One dump and restore of a fresh workload (with collapse_first, its memory collapsed into
     huge pages just before the dump; with cold, a COLD_KINDS key: the page cache dropped before
-    the restore, the page images read ahead, the BesideStore `beside` read); -> its figures."""
+    the restore, the page images read ahead, the BesideStore `beside` read; with durable, the
+    image synced after the dump, with durable="writeback" sent to the disk during it too);
+    -> its figures."""
     images = tempfile.mkdtemp(prefix="images.", dir=work)
     ready, check = os.path.join(work, "ready"), os.path.join(work, "check")
     for p in (ready, check):
@@ -244,8 +250,21 @@ def cycle(args, work, collapse_first=False, cold=None, beside=None):
     try:
         before = _wait_for(ready, args.timeout, proc)
         collapsed = collapse(pid) if collapse_first else None
+        if durable:
+            os.sync()  # what was dirty before: not the image's
+        writeback = WriteBack.start(images) if durable == "writeback" else None
         dump_s = _criu(args.criu, ["dump", "-t", str(pid)], images, args.timeout)
         proc.wait(timeout=10)  # CRIU ended it
+        if durable:
+            t0 = time.monotonic()
+            if writeback:
+                writeback.stop()
+            fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                syncfs(fd, images)
+            finally:
+                os.close(fd)
+            sync_s = time.monotonic() - t0
         if cold:
             why = bl.drop_page_cache()
             if why:
@@ -274,6 +293,8 @@ def cycle(args, work, collapse_first=False, cold=None, beside=None):
         os.kill(pid, signal.SIGUSR1)  # restored under its own pid
         after = _wait_for(check, args.timeout)
         out = {"dump_s": dump_s, "restore_s": restore_s, "check": "ok" if after == before else "DIFFERS"}
+        if durable:
+            out["sync_s"], out["durable_s"] = sync_s, dump_s + sync_s
         if store_when:
             out["store_s"] = store_ended[0] - t0
             out["both_s"] = max(restore_s, out["store_s"])
@@ -293,7 +314,8 @@ def cycle(args, work, collapse_first=False, cold=None, beside=None):
 
 
 COLUMNS = [("collapse_s", "collapse"), ("dump_s", "dump s"), ("dump.frozen", "frozen"),
-           ("dump.memdump", "memdump"), ("dump.memwrite", "memwrite"), ("restore_s", "restore s"),
+           ("dump.memdump", "memdump"), ("dump.memwrite", "memwrite"), ("sync_s", "sync s"),
+           ("durable_s", "durable s"), ("restore_s", "restore s"),
            ("restore.restore", "restore"), ("store_s", "store s"), ("both_s", "both s")]
 
 
@@ -313,6 +335,11 @@ def main(argv=None):
                     help="the page cache dropped before each restore (root; --dir on a disk): rows "
                          "MODE+cold, CRIU reading its images alone, and MODE+cold+ahead, the page "
                          "images read ahead as the tool's restore does")
+    ap.add_argument("--durable", action="store_true",
+                    help="the image made durable after each dump, as the tool's post-dump does "
+                         "(syncfs, timed: rows MODE+sync), and the same with the image sent to the "
+                         "disk while CRIU writes it (criu/images.py WriteBack: MODE+writeback+sync); "
+                         "--dir on a disk")
     ap.add_argument("--beside-store", type=float, metavar="GIB",
                     help="with --cold: also rows with a chunk store of GIB GiB in --dir read beside "
                          "the restore (at once, at once with the read ahead, after the page images)")
@@ -320,8 +347,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if args.beside_store and not args.cold:
         ap.error("--beside-store needs --cold")
-    if args.cold and args.collapse:
-        ap.error("--cold and --collapse: one question at a time")
+    if sum(map(bool, (args.cold, args.collapse, args.durable))) > 1:
+        ap.error("--cold, --collapse, --durable: one question at a time")
     modes = [m for m in args.modes.split(",") if m]
     bad = [m for m in modes if m not in ("always", "madvise", "never")]
     if bad:
@@ -356,17 +383,20 @@ def _measure(args, modes, work, beside):
     results = {}
     for mode in modes:
         bl.set_thp_mode(mode)
-        kinds = [(False, None)] + ([(True, None)] if args.collapse else [])
+        # (row suffix, cycle's keyword arguments)
+        kinds = [("", {})] + ([("+collapse", {"collapse_first": True})] if args.collapse else [])
         if args.cold:
-            kinds = [(False, k) for k in COLD_KINDS if args.beside_store or "store" not in k]
-        for collapse_first, cold in kinds:
-            runs = [cycle(args, work, collapse_first, cold, beside) for _ in range(args.runs)]
+            kinds = [(suffix, {"cold": k}) for k, (suffix, _, store) in COLD_KINDS.items()
+                     if args.beside_store or store is None]
+        if args.durable:
+            kinds = [("+sync", {"durable": "sync"}), ("+writeback+sync", {"durable": "writeback"})]
+        for suffix, kind in kinds:
+            runs = [cycle(args, work, beside=beside, **kind) for _ in range(args.runs)]
             row = {k: round(statistics.median(r[k] for r in runs), 3)
                    for k in runs[0] if isinstance(runs[0][k], (int, float))}
             row["check"] = "ok" if all(r["check"] == "ok" for r in runs) else "DIFFERS"
             row["runs"] = args.runs
-            suffix = COLD_KINDS[cold][0] if cold else ""
-            results[mode + ("+collapse" if collapse_first else "") + suffix] = row
+            results[mode + suffix] = row
     return results
 
 

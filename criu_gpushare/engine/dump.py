@@ -4,9 +4,11 @@ notifications arrive in that process) or the holder that the hook's `pre-dump` s
   begin()       by pre-dump, tasks running: the CRIU_PRE_DUMP steps on the tree's processes with
                 CUDA state (their GPU memory to the store, then the driver's checkpoint, so that CRIU
                 finds no GPU mapping and no /dev/nvidia* fd), and the record in the image directory.
-                A failure rolls back: CRIU aborts the dump, the workload runs as before. The hook's
-                holder runs it at pre-dump; `criu-gpushare dump` while CRIU starts (pre-dump waits
-                for it, and a CRIU that ends before pre-dump finds it undone).
+                From then on CRIU's image goes to the disk as CRIU writes it (criu/images.py
+                WriteBack). A failure rolls back: CRIU aborts the dump, the workload runs as
+                before. The hook's holder runs it at pre-dump; `criu-gpushare dump` while CRIU
+                starts (pre-dump waits for it, and a CRIU that ends before pre-dump finds it
+                undone).
   complete()    at post-dump, tasks seized: the store and CRIU's image are durable, the dump is
                 marked complete.
   after_criu()  once CRIU has let go of the tasks (its exit): tasks still alive (--leave-running,
@@ -19,7 +21,7 @@ a seized task: that is why the GPU state comes back only after CRIU is done.
 import os
 import time
 
-from ..criu.images import dump_succeeded
+from ..criu.images import WriteBack, dump_succeeded
 from ..errors import GroupHeld, StoreError
 from ..gpu.driver import gpu_inventory
 from ..shimctl import client as control
@@ -44,6 +46,7 @@ class DumpJob:
         self.options = options
         self.journal = self.group = None
         self.completed = False
+        self.writeback = None  # CRIU's image sent to the disk as CRIU writes it (from begin on)
 
     @property
     def ref(self):
@@ -90,7 +93,12 @@ class DumpJob:
             self.journal.close()
             return False
         self.journal.set(state=jn.DUMPED)
+        self.writeback = WriteBack.start(self.images_dir)  # CRIU's dump comes next
         return True
+
+    def _stop_writeback(self):
+        if self.writeback is not None:
+            self.writeback.stop()
 
     def _undo_quietly(self):
         """A failure after the steps succeeded (writing the record): undo them, then let go."""
@@ -107,7 +115,9 @@ class DumpJob:
 
     def complete(self):
         """post-dump: make the store durable before CRIU reports success, and CRIU's image too
-        (CRIU has closed and flushed its image files by post-dump, but syncs none of them)."""
+        (CRIU has closed and flushed its image files by post-dump, but syncs none of them; most
+        of them are on their way to the disk already: WriteBack)."""
+        self._stop_writeback()
         with open_store(self.options.store) as store:
             store.read_ref(self.ref)  # the ref a restore needs must be there
             store.sync()
@@ -121,6 +131,7 @@ class DumpJob:
         """CRIU has exited: give running tasks their GPU state back; drop the ref of a dump CRIU
         did not finish. criu_succeeded: CRIU's answer where this process has it; else tasks CRIU
         killed mean success, and tasks left running mean success only with CRIU's stats-dump."""
+        self._stop_writeback()  # a dump that failed before post-dump
         alive = self.journal.processes_alive()
         if criu_succeeded is None:
             criu_succeeded = not alive or dump_succeeded(self.images_dir, self.journal.data["created"])

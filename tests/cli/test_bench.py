@@ -301,6 +301,27 @@ def test_criu_memory_bench_restores_from_a_cold_cache_beside_a_store_s_reading(c
     assert list(tmp_path.iterdir()) == []
 
 
+def test_criu_memory_bench_times_the_sync_a_durable_dump_adds(criu, tmp_path):
+    """--durable: a dump, then the image's file system synced, timed, with and without the image
+    sent to the disk during the dump; the memory checked after each restore, nothing left."""
+    mode = bl.thp_mode()
+    if mode is None:
+        pytest.skip("no transparent huge page mode to read on this kernel")
+    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs",
+                        "1", "--modes", mode, "--durable", "--dir", str(tmp_path), "--criu", criu, "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    modes = json.loads(r.stdout)["modes"]
+    assert list(modes) == [f"{mode}+sync", f"{mode}+writeback+sync"], modes
+    for got in modes.values():
+        assert got["check"] == "ok" and got["sync_s"] > 0, got
+        assert got["durable_s"] == pytest.approx(got["dump_s"] + got["sync_s"], abs=0.002), got
+    assert list(tmp_path.iterdir()) == []
+    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--durable", "--cold"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "one question at a time" in r.stderr, r.stderr
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="setting the huge page mode needs root")
 def test_criu_memory_bench_says_why_when_criu_fails_and_leaves_nothing(tmp_path):
     mode = bl.thp_mode()

@@ -105,3 +105,27 @@ def test_post_dump_makes_the_image_durable_unless_the_store_sync_already_did(tmp
     assert synced == []
     dump.sync_image(images, skip_dev=None)
     assert synced == [images]
+
+
+def test_post_dump_stops_sending_the_image_to_the_disk_before_it_syncs(run_dir, tree, tmp_path,
+                                                                      store_dir, monkeypatch):
+    """From begin() on CRIU's image goes to the disk as CRIU writes it (criu/images.py WriteBack);
+    post-dump stops that first, then syncs the store and the image, so what it waits for is all
+    that is left. A dump that ends without post-dump (CRIU failed) stops it too."""
+    events = []
+
+    class Recorder:
+        def stop(self):
+            events.append("writeback stopped")
+    monkeypatch.setattr(dump.fsutil, "syncfs", lambda fd, path: events.append("synced"))
+    job = dump_job(tree.pid, str(tmp_path), store_dir)
+    job.journal = jn.Journal.create("dump", job.pids, jn.DUMPED, store=store_dir, ref=job.ref)
+    job.group = dump.Group(job.pids, job.options)
+    job.writeback = Recorder()
+    commit_ref(store_dir, job.ref)
+    events.clear()  # the commit's own syncs
+    job.complete()
+    assert events[0] == "writeback stopped" and "synced" in events[1:], events
+    events.clear()
+    job.after_criu(criu_succeeded=False)
+    assert events == ["writeback stopped"]
