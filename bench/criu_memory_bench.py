@@ -164,7 +164,7 @@ STORE_READERS = 16  # as the tool's load (gpu/copy_engine.py: one per CPU, at mo
 
 
 _SYS_IOPRIO_SET = {"x86_64": 251, "aarch64": 30}
-IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13  # linux/ioprio.h
+IOPRIO_WHO_PROCESS, IOPRIO_CLASS_IDLE, IOPRIO_CLASS_SHIFT = 1, 3, 13  # the kernel's ioprio values
 
 
 def set_idle_io_priority():

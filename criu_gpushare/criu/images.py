@@ -266,7 +266,7 @@ def _available_memory() -> int:
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_SYNC_FILE_RANGE_WRITE = 2  # linux/fs.h
+_SYNC_FILE_RANGE_WRITE = 2  # the kernel header's value
 try:
     _sync_file_range = _libc.sync_file_range
     _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
