@@ -325,7 +325,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3, help="cycles per mode (medians reported)")
     ap.add_argument("--modes", default="madvise,always",
                     help="transparent huge page modes to compare, in order (always, madvise, never)")
-    ap.add_argument("--dir", default="/dev/shm", help="where the image directories go (a tmpfs)")
+    ap.add_argument("--dir", default="/dev/shm", help="where the image directories go (a tmpfs; a disk for --cold and --durable)")
     ap.add_argument("--criu", default=shutil.which("criu") or "criu", help="the criu binary")
     ap.add_argument("--timeout", type=float, default=300, help="seconds for each command")
     ap.add_argument("--collapse", action="store_true",
@@ -342,7 +342,8 @@ def main(argv=None):
                          "--dir on a disk")
     ap.add_argument("--beside-store", type=float, metavar="GIB",
                     help="with --cold: also rows with a chunk store of GIB GiB in --dir read beside "
-                         "the restore (at once, at once with the read ahead, after the page images)")
+                         "the restore (at once, at once with the read ahead, after the page images, "
+                         "its readers idle)")
     ap.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     args = ap.parse_args(argv)
     if args.beside_store and not args.cold:

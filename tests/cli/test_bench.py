@@ -250,19 +250,25 @@ def test_a_tool_call_that_overruns_is_bounded():
     assert res.rc == 124 and not res.ok and res.why().startswith("timed out")
 
 
+def criu_memory_bench(criu, tmp_path, *args):
+    """bench/criu_memory_bench.py, 64 MiB, one run, in the huge page mode already in force (the
+    machine is left as it was), its images under tmp_path: (the mode, {row: its figures})."""
+    mode = bl.thp_mode()
+    if mode is None:
+        pytest.skip("no transparent huge page mode to read on this kernel")
+    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs", "1",
+                        "--modes", mode, "--dir", str(tmp_path), "--criu", criu, "--json", *args],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return mode, json.loads(r.stdout)["modes"]
+
+
 def test_criu_memory_bench_dumps_and_restores_a_process_and_checks_its_memory(criu, tmp_path):
     """bench/criu_memory_bench.py on this machine's CRIU, in the mode already in force (the machine
     is left as it was), with and without the memory collapsed first: a dump and a restore of its
     workload, the memory checked after, CRIU's own account of both, the image's size and the mode
     put back."""
-    mode = bl.thp_mode()
-    if mode is None:
-        pytest.skip("no transparent huge page mode to read on this kernel")
-    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs",
-                        "1", "--modes", mode, "--collapse", "--dir", str(tmp_path), "--criu", criu, "--json"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    modes = json.loads(r.stdout)["modes"]
+    mode, modes = criu_memory_bench(criu, tmp_path, "--collapse")
     assert set(modes) == {mode, f"{mode}+collapse"}, modes
     for got in modes.values():
         assert got["check"] == "ok" and got["dump_s"] > 0 and got["restore_s"] > 0, got
@@ -278,16 +284,9 @@ def test_criu_memory_bench_restores_from_a_cold_cache_beside_a_store_s_reading(c
     """--cold --beside-store: every kind of cold restore, its memory checked, the store read whole
     beside it where asked (its end and the end of both timed), nothing left in --dir."""
     from criu_gpushare.criu import images
-    mode = bl.thp_mode()
-    if mode is None:
-        pytest.skip("no transparent huge page mode to read on this kernel")
     if images._file_system_type(str(tmp_path)) in images._MEMORY_FILE_SYSTEMS:
         pytest.skip(f"{tmp_path} is on tmpfs here: a cold restore needs its images on a disk")
-    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs",
-                        "1", "--modes", mode, "--cold", "--beside-store", "0.125", "--dir", str(tmp_path),
-                        "--criu", criu, "--json"], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    modes = json.loads(r.stdout)["modes"]
+    mode, modes = criu_memory_bench(criu, tmp_path, "--cold", "--beside-store", "0.125")
     kinds = ["cold", "cold+ahead", "cold+store", "cold+ahead+store", "cold+pages-first+store",
              "cold+ahead+idle-store"]
     assert list(modes) == [f"{mode}+{k}" for k in kinds], modes
@@ -304,14 +303,7 @@ def test_criu_memory_bench_restores_from_a_cold_cache_beside_a_store_s_reading(c
 def test_criu_memory_bench_times_the_sync_a_durable_dump_adds(criu, tmp_path):
     """--durable: a dump, then the image's file system synced, timed, with and without the image
     sent to the disk during the dump; the memory checked after each restore, nothing left."""
-    mode = bl.thp_mode()
-    if mode is None:
-        pytest.skip("no transparent huge page mode to read on this kernel")
-    r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs",
-                        "1", "--modes", mode, "--durable", "--dir", str(tmp_path), "--criu", criu, "--json"],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout + r.stderr
-    modes = json.loads(r.stdout)["modes"]
+    mode, modes = criu_memory_bench(criu, tmp_path, "--durable")
     assert list(modes) == [f"{mode}+sync", f"{mode}+writeback+sync"], modes
     for got in modes.values():
         assert got["check"] == "ok" and got["sync_s"] > 0, got
