@@ -2,8 +2,8 @@
 plugins recorded in the inventory) and whether a GPU process went into the image without our hook
 (GPU device files, libcuda mappings), so dump and restore can refuse such images early; and what
 the memory CRIU wrote belongs to (the benchmarks' account of an image's size). Also the page
-images read into the page cache ahead of CRIU's restore (read_pages_ahead), and the image sent to
-the disk while CRIU writes it (WriteBack).
+images read into the page cache ahead of CRIU's restore (read_pages_ahead), and sent to the disk
+while CRIU writes them at a dump (WriteBack).
 
 A missing or undecodable image file raises ImageError naming it; a missing pycriu, CriuError.
 """
@@ -180,17 +180,19 @@ def read_pages_ahead(images_dir: str) -> threading.Thread | None:
     return thread
 
 
-WRITE_BACK_EVERY_S = 0.02  # CRIU writes ~1 GiB in 0.25-0.3 s: a dozen rounds of queueing
+WRITE_BACK_EVERY_S = 0.02  # CRIU writes about 1 GiB in 0.25-0.3 s: a dozen rounds of queueing
 
 
 class WriteBack:
-    """CRIU's image files sent to the disk while CRIU writes them (its dump), so that the sync at
+    """CRIU's page images sent to the disk while CRIU writes them (its dump), so that the sync at
     post-dump (engine/dump.py) waits for the last of them only. CRIU writes through the page cache
     and syncs nothing; a sync at the end then writes the whole image, about 1 GiB for a torch
-    process, after CRIU's dump. Every WRITE_BACK_EVERY_S each file of the directory gets its dirty
-    pages queued for writing (sync_file_range(2) SYNC_FILE_RANGE_WRITE: it does not wait, and the
-    sync after it still makes them durable). Nothing on tmpfs (no disk behind it). Best effort: a
-    file it cannot open is left to the sync."""
+    process, after CRIU's dump. Every WRITE_BACK_EVERY_S each page image (pages-*.img: the bulk of
+    an image; the other files are small) that grew has its dirty pages queued for writing
+    (sync_file_range(2) SYNC_FILE_RANGE_WRITE: it does not wait, and the sync after it still makes
+    them durable), opened and closed each time (a tree of many processes has many files, and this
+    process keeps its descriptors for its own work). Nothing on tmpfs (no disk behind it). Best
+    effort: a file it cannot open is left to the sync."""
 
     def __init__(self, images_dir: str):
         self.images_dir = images_dir
@@ -222,29 +224,25 @@ class WriteBack:
             self._thread = None
 
     def _run(self) -> None:
-        fds = {}
-        try:
-            while True:
+        queued = {}  # page image -> its size when last queued
+        while not self._stop.wait(WRITE_BACK_EVERY_S):
+            try:
+                grown = [(e.path, e.stat(follow_symlinks=False).st_size) for e in os.scandir(self.images_dir)
+                         if e.name.startswith("pages-") and e.is_file(follow_symlinks=False)]
+            except OSError:
+                continue  # a file gone between the listing and its stat: the next round
+            for path, size in grown:
+                if size <= queued.get(path, 0):
+                    continue
                 try:
-                    names = [e.name for e in os.scandir(self.images_dir)
-                             if e.name not in fds and e.is_file(follow_symlinks=False)]
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
                 except OSError:
-                    names = []
-                for name in names:
-                    try:
-                        fds[name] = os.open(os.path.join(self.images_dir, name),
-                                            os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-                    except OSError:
-                        fds[name] = None
-                for fd in fds.values():
-                    if fd is not None:
-                        _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
-                if self._stop.wait(WRITE_BACK_EVERY_S):
-                    return
-        finally:
-            for fd in fds.values():
-                if fd is not None:
+                    continue
+                try:
+                    _sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)
+                finally:
                     os.close(fd)
+                queued[path] = size
 
 
 def _file_system_type(path: str) -> int:

@@ -191,36 +191,44 @@ def test_page_images_in_memory_or_too_large_for_it_are_not_read_ahead(plain_dump
     assert images.read_pages_ahead(plain_dump[0]) is None
 
 
-def test_the_image_goes_to_the_disk_while_criu_writes_it(tmp_path, monkeypatch):
-    """WriteBack: every file of the image directory, those made after it started included, gets
-    its dirty pages queued for writing again and again (sync_file_range, SYNC_FILE_RANGE_WRITE)
-    until stop(), which closes what it opened; again, stop() does nothing. Symbolic links are not
-    followed."""
+def test_the_page_images_go_to_the_disk_while_criu_writes_them(tmp_path, monkeypatch):
+    """WriteBack: each page image, those made after it started included, gets its dirty pages
+    queued for writing (sync_file_range, SYNC_FILE_RANGE_WRITE) whenever it has grown, until
+    stop(); no descriptor stays open; the other image files and symbolic links are left alone;
+    again, stop() does nothing."""
     if images._file_system_type(str(tmp_path)) in images._MEMORY_FILE_SYSTEMS:
         pytest.skip(f"{tmp_path} is on tmpfs here: nothing to write back")
-    queued, lock = {}, threading.Lock()
+    queued, lock = [], threading.Lock()
 
     def sync_file_range(fd, offset, nbytes, flags):
         assert (offset, nbytes, flags) == (0, 0, images._SYNC_FILE_RANGE_WRITE)
         with lock:
-            name = os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
-            queued[name] = queued.get(name, 0) + 1
+            queued.append((os.path.basename(os.readlink(f"/proc/self/fd/{fd}")), os.fstat(fd).st_size))
         return 0
     monkeypatch.setattr(images, "_sync_file_range", sync_file_range)
     (tmp_path / "inventory.img").write_bytes(b"x" * 4096)
-    os.symlink("/etc/hostname", tmp_path / "pages-9.img")
+    os.symlink(tmp_path / "inventory.img", tmp_path / "pages-9.img")
+    pages = tmp_path / "pages-1.img"
+
+    def wait_for(entry):
+        deadline = time.monotonic() + 10
+        while entry not in queued:
+            assert time.monotonic() < deadline, queued
+            time.sleep(0.01)
     wb = images.WriteBack.start(str(tmp_path))
     assert wb.running
-    (tmp_path / "pages-1.img").write_bytes(b"y" * 65536)  # CRIU writes on
-    deadline = time.monotonic() + 10
-    while min(queued.get("inventory.img", 0), queued.get("pages-1.img", 0)) < 2:
-        assert time.monotonic() < deadline, queued
-        time.sleep(0.01)
+    pages.write_bytes(b"y" * 65536)  # CRIU writes on
+    wait_for(("pages-1.img", 65536))
+    time.sleep(5 * images.WRITE_BACK_EVERY_S)
+    assert queued == [("pages-1.img", 65536)], "queued again without having grown"
+    with open(pages, "ab") as f:
+        f.write(b"z" * 4096)
+    wait_for(("pages-1.img", 69632))
     wb.stop()
-    assert set(queued) == {"inventory.img", "pages-1.img"}
     opened = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
               if os.path.exists(f"/proc/self/fd/{fd}")]
     assert not [p for p in opened if p.startswith(str(tmp_path))], opened
+    assert {name for name, _ in queued} == {"pages-1.img"}
     wb.stop()
     assert not wb.running
 
