@@ -22,9 +22,11 @@ starts (MODE+cold+ahead: criu/images.py read_pages_ahead, as a restore of the to
 --beside-store GIB also three kinds where a chunk store in --dir is read beside the restore, as
 the tool reads it into GPU memory while CRIU restores (GIB of 64 MiB chunks, 16 threads, O_DIRECT,
 through the store's own code): at once with no read ahead (+store), at once with it
-(+ahead+store), after the page images were read (+pages-first+store), and at once with the read
-ahead, the store's readers in the idle I/O class (+ahead+idle-store); the column `both s` is when
-the restore and the reading had both ended. --durable (--dir on a disk) times what the tool's
+(+ahead+store), after the page images were read (+pages-first+store), at once with the read
+ahead, the store's readers in the idle I/O class (+ahead+idle-store), and after the page images
+with CRIU's own binary and libraries read first (+criu-first+store: what CRIU, started from a cold
+cache, would no longer wait for); the column `both s` is when the restore and the reading had both
+ended. --durable (--dir on a disk) times what the tool's
 post-dump adds to a dump: the image's file system synced after CRIU's dump (MODE+sync), and the
 same with the image sent to the disk while CRIU writes it (MODE+writeback+sync: criu/images.py
 WriteBack, as the tool's dump does); `durable s` is the dump and its sync.
@@ -158,7 +160,8 @@ def collapse(pid):
 COLD_KINDS = {"cold": ("+cold", False, None), "ahead": ("+cold+ahead", True, None),
               "store": ("+cold+store", False, "at once"), "ahead+store": ("+cold+ahead+store", True, "at once"),
               "pages-first+store": ("+cold+pages-first+store", True, "after the pages"),
-              "idle-store": ("+cold+ahead+idle-store", True, "at once, idle")}
+              "idle-store": ("+cold+ahead+idle-store", True, "at once, idle"),
+              "criu-first+store": ("+cold+criu-first+store", True, "after the pages")}
 CHUNK = 64 << 20
 STORE_READERS = 16  # as the tool's load (gpu/copy_engine.py: one per CPU, at most 16)
 
@@ -189,6 +192,21 @@ def io_scheduler(path):
             continue
         return text[text.index("[") + 1:text.index("]")] if "[" in text else text.strip()
     return None
+
+
+def criu_files(criu):
+    """The files CRIU runs from: its binary and the shared libraries it loads (ldd)."""
+    binary = os.path.realpath(shutil.which(criu) or criu)
+    listed = subprocess.run(["ldd", binary], capture_output=True, text=True, timeout=60).stdout
+    return [binary] + sorted({w for w in listed.split() if w.startswith("/")})
+
+
+def read_whole(paths):
+    """Each file read into the page cache."""
+    for path in paths:
+        with open(path, "rb") as f:
+            while f.read(8 << 20):
+                pass
 
 
 class BesideStore:
@@ -271,6 +289,8 @@ def cycle(args, work, collapse_first=False, cold=None, beside=None, durable=None
                 raise RuntimeError(f"--cold: {why}")
         _, read_ahead, store_when = COLD_KINDS[cold] if cold else (None, False, None)
         t0 = time.monotonic()
+        if cold == "criu-first+store":
+            read_whole(criu_files(args.criu))  # what CRIU runs from: its binary, its libraries
         ahead = read_pages_ahead(images) if read_ahead else None
         if read_ahead and ahead is None:
             raise RuntimeError(f"--cold: no read ahead in {images} (a tmpfs, or too little memory)")

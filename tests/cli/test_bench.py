@@ -288,7 +288,7 @@ def test_criu_memory_bench_restores_from_a_cold_cache_beside_a_store_s_reading(c
         pytest.skip(f"{tmp_path} is on tmpfs here: a cold restore needs its images on a disk")
     mode, modes = criu_memory_bench(criu, tmp_path, "--cold", "--beside-store", "0.125")
     kinds = ["cold", "cold+ahead", "cold+store", "cold+ahead+store", "cold+pages-first+store",
-             "cold+ahead+idle-store"]
+             "cold+ahead+idle-store", "cold+criu-first+store"]
     assert list(modes) == [f"{mode}+{k}" for k in kinds], modes
     for name, got in modes.items():
         assert got["check"] == "ok" and got["restore_s"] > 0, got
