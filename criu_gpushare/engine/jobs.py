@@ -221,7 +221,7 @@ class Restore:
         """Before the store is read ahead: CRIU's page images read, where they share the store's
         device. CRIU needs them before the processes can run and reads them in small pieces, which
         the store's many large reads hold up: a cold restore of 1 GiB beside 6 GiB of the store
-        read from one disk ended 19-24% sooner so (bench/criu_memory_bench.py --cold
+        read from one disk ended 19-26% sooner so (bench/criu_memory_bench.py --cold
         --beside-store, bench/RESULTS.md)."""
         if self._pages_ahead is None or not _same_device(self.images_dir, self.options().store):
             return
