@@ -251,10 +251,8 @@ class BesideStore:
 
 def cycle(args, work, collapse_first=False, cold=None, beside=None, durable=None):
     """One dump and restore of a fresh workload (with collapse_first, its memory collapsed into
-    huge pages just before the dump; with cold, a COLD_KINDS key: the page cache dropped before
-    the restore, the page images read ahead, the BesideStore `beside` read; with durable, the
-    image synced after the dump, with durable="writeback" sent to the disk during it too);
-    -> its figures."""
+    huge pages just before the dump; with durable, see dump(); with cold and beside, see
+    restore()); -> its figures."""
     images = tempfile.mkdtemp(prefix="images.", dir=work)
     ready, check = os.path.join(work, "ready"), os.path.join(work, "check")
     for p in (ready, check):
@@ -268,56 +266,11 @@ def cycle(args, work, collapse_first=False, cold=None, beside=None, durable=None
     try:
         before = _wait_for(ready, args.timeout, proc)
         collapsed = collapse(pid) if collapse_first else None
-        if durable:
-            os.sync()  # what was dirty before: not the image's
-        writeback = WriteBack.start(images) if durable == "writeback" else None
-        dump_s = _criu(args.criu, ["dump", "-t", str(pid)], images, args.timeout)
+        out = dump(args, pid, images, durable)
         proc.wait(timeout=10)  # CRIU ended it
-        if durable:
-            t0 = time.monotonic()
-            if writeback:
-                writeback.stop()
-            fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                syncfs(fd, images)
-            finally:
-                os.close(fd)
-            sync_s = time.monotonic() - t0
-        if cold:
-            why = bl.drop_page_cache()
-            if why:
-                raise RuntimeError(f"--cold: {why}")
-        _, read_ahead, store_when = COLD_KINDS[cold] if cold else (None, False, None)
-        t0 = time.monotonic()
-        if cold == "criu-first+store":
-            read_whole(criu_files(args.criu))  # what CRIU runs from: its binary, its libraries
-        ahead = read_pages_ahead(images) if read_ahead else None
-        if read_ahead and ahead is None:
-            raise RuntimeError(f"--cold: no read ahead in {images} (a tmpfs, or too little memory)")
-        store_ended = []
-
-        def read_store():
-            if store_when == "after the pages":
-                ahead.join()
-            beside.read_all(idle=store_when == "at once, idle")
-            store_ended.append(time.monotonic())
-        reading = threading.Thread(target=read_store, daemon=True) if store_when else None
-        if reading:
-            reading.start()
-        _criu(args.criu, ["restore", "-d"], images, args.timeout)
-        restore_s = time.monotonic() - t0  # the read ahead's start included
-        if reading:
-            reading.join(args.timeout)
-            if not store_ended:
-                raise RuntimeError("the store's reading failed or did not end")
+        out.update(restore(args, images, cold, beside))
         os.kill(pid, signal.SIGUSR1)  # restored under its own pid
-        after = _wait_for(check, args.timeout)
-        out = {"dump_s": dump_s, "restore_s": restore_s, "check": "ok" if after == before else "DIFFERS"}
-        if durable:
-            out["sync_s"], out["durable_s"] = sync_s, dump_s + sync_s
-        if store_when:
-            out["store_s"] = store_ended[0] - t0
-            out["both_s"] = max(restore_s, out["store_s"])
+        out["check"] = "ok" if _wait_for(check, args.timeout) == before else "DIFFERS"
         if collapsed:
             out["collapse_s"], out["collapsed_bytes"] = collapsed
         for action in ("dump", "restore"):
@@ -331,6 +284,64 @@ def cycle(args, work, collapse_first=False, cold=None, beside=None, durable=None
             pass
         bl.reap_children()
         shutil.rmtree(images, ignore_errors=True)
+
+
+def dump(args, pid, images, durable=None):
+    """`criu dump` of pid into images; with durable, the image's file system synced after it,
+    timed (durable="writeback": WriteBack running during the dump, stopped before the sync);
+    -> {"dump_s"[, "sync_s", "durable_s"]}."""
+    if durable:
+        os.sync()  # what was dirty before: not the image's
+    writeback = WriteBack.start(images) if durable == "writeback" else None
+    out = {"dump_s": _criu(args.criu, ["dump", "-t", str(pid)], images, args.timeout)}
+    if durable:
+        t0 = time.monotonic()
+        if writeback:
+            writeback.stop()
+        fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            syncfs(fd, images)
+        finally:
+            os.close(fd)
+        out["sync_s"] = time.monotonic() - t0
+        out["durable_s"] = out["dump_s"] + out["sync_s"]
+    return out
+
+
+def restore(args, images, cold=None, beside=None):
+    """`criu restore -d` of images; with cold (a COLD_KINDS key), the page cache dropped first,
+    then as that kind says: CRIU's files read first, the page images read ahead, the BesideStore
+    `beside` read beside it; -> {"restore_s"[, "store_s", "both_s"]}."""
+    if cold:
+        why = bl.drop_page_cache()
+        if why:
+            raise RuntimeError(f"--cold: {why}")
+    _, read_ahead, store_when = COLD_KINDS[cold] if cold else (None, False, None)
+    t0 = time.monotonic()
+    if cold == "criu-first+store":
+        read_whole(criu_files(args.criu))  # what CRIU runs from: its binary, its libraries
+    ahead = read_pages_ahead(images) if read_ahead else None
+    if read_ahead and ahead is None:
+        raise RuntimeError(f"--cold: no read ahead in {images} (a tmpfs, or too little memory)")
+    store_ended = []
+
+    def read_store():
+        if store_when == "after the pages":
+            ahead.join()
+        beside.read_all(idle=store_when == "at once, idle")
+        store_ended.append(time.monotonic())
+    reading = threading.Thread(target=read_store, daemon=True) if store_when else None
+    if reading:
+        reading.start()
+    _criu(args.criu, ["restore", "-d"], images, args.timeout)
+    out = {"restore_s": time.monotonic() - t0}  # the read ahead's start included
+    if reading:
+        reading.join(args.timeout)
+        if not store_ended:
+            raise RuntimeError("the store's reading failed or did not end")
+        out["store_s"] = store_ended[0] - t0
+        out["both_s"] = max(out["restore_s"], out["store_s"])
+    return out
 
 
 COLUMNS = [("collapse_s", "collapse"), ("dump_s", "dump s"), ("dump.frozen", "frozen"),
