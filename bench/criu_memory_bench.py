@@ -48,6 +48,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -155,13 +156,21 @@ def collapse(pid):
     return time.monotonic() - t0, done
 
 
-#: --cold kinds: (suffix of the row, page images read ahead, the store read beside: None, "at once"
-#: or "after the pages")
-COLD_KINDS = {"cold": ("+cold", False, None), "ahead": ("+cold+ahead", True, None),
-              "store": ("+cold+store", False, "at once"), "ahead+store": ("+cold+ahead+store", True, "at once"),
-              "pages-first+store": ("+cold+pages-first+store", True, "after the pages"),
-              "idle-store": ("+cold+ahead+idle-store", True, "at once, idle"),
-              "criu-first+store": ("+cold+criu-first+store", True, "after the pages")}
+class ColdKind(NamedTuple):
+    """One kind of --cold restore."""
+    suffix: str             # of the row's name
+    read_ahead: bool        # the page images read ahead (read_pages_ahead)
+    store: str | None       # the BesideStore read beside: None, "at once", "after the pages"
+    idle: bool = False      # its readers in the idle I/O class
+    criu_first: bool = False  # CRIU's binary and libraries read before anything
+
+
+COLD_KINDS = {"cold": ColdKind("+cold", False, None), "ahead": ColdKind("+cold+ahead", True, None),
+              "store": ColdKind("+cold+store", False, "at once"),
+              "ahead+store": ColdKind("+cold+ahead+store", True, "at once"),
+              "pages-first+store": ColdKind("+cold+pages-first+store", True, "after the pages"),
+              "idle-store": ColdKind("+cold+ahead+idle-store", True, "at once", idle=True),
+              "criu-first+store": ColdKind("+cold+criu-first+store", True, "after the pages", criu_first=True)}
 CHUNK = 64 << 20
 STORE_READERS = 16  # as the tool's load (gpu/copy_engine.py: one per CPU, at most 16)
 
@@ -292,12 +301,13 @@ def dump(args, pid, images, durable=None):
     -> {"dump_s"[, "sync_s", "durable_s"]}."""
     if durable:
         os.sync()  # what was dirty before: not the image's
-    writeback = WriteBack.start(images) if durable == "writeback" else None
+    writeback = WriteBack(images)
+    if durable == "writeback":
+        writeback.start()
     out = {"dump_s": _criu(args.criu, ["dump", "-t", str(pid)], images, args.timeout)}
     if durable:
         t0 = time.monotonic()
-        if writeback:
-            writeback.stop()
+        writeback.stop()
         fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY)
         try:
             syncfs(fd, images)
@@ -316,21 +326,21 @@ def restore(args, images, cold=None, beside=None):
         why = bl.drop_page_cache()
         if why:
             raise RuntimeError(f"--cold: {why}")
-    _, read_ahead, store_when = COLD_KINDS[cold] if cold else (None, False, None)
+    kind = COLD_KINDS[cold] if cold else ColdKind("", False, None)
     t0 = time.monotonic()
-    if cold == "criu-first+store":
+    if kind.criu_first:
         read_whole(criu_files(args.criu))  # what CRIU runs from: its binary, its libraries
-    ahead = read_pages_ahead(images) if read_ahead else None
-    if read_ahead and ahead is None:
+    ahead = read_pages_ahead(images) if kind.read_ahead else None
+    if kind.read_ahead and ahead is None:
         raise RuntimeError(f"--cold: no read ahead in {images} (a tmpfs, or too little memory)")
     store_ended = []
 
     def read_store():
-        if store_when == "after the pages":
+        if kind.store == "after the pages":
             ahead.join()
-        beside.read_all(idle=store_when == "at once, idle")
+        beside.read_all(idle=kind.idle)
         store_ended.append(time.monotonic())
-    reading = threading.Thread(target=read_store, daemon=True) if store_when else None
+    reading = threading.Thread(target=read_store, daemon=True) if kind.store else None
     if reading:
         reading.start()
     _criu(args.criu, ["restore", "-d"], images, args.timeout)
@@ -418,8 +428,8 @@ def _measure(args, modes, work, beside):
         # (row suffix, cycle's keyword arguments)
         kinds = [("", {})] + ([("+collapse", {"collapse_first": True})] if args.collapse else [])
         if args.cold:
-            kinds = [(suffix, {"cold": k}) for k, (suffix, _, store) in COLD_KINDS.items()
-                     if args.beside_store or store is None]
+            kinds = [(kind.suffix, {"cold": k}) for k, kind in COLD_KINDS.items()
+                     if args.beside_store or kind.store is None]
         if args.durable:
             kinds = [("+sync", {"durable": "sync"}), ("+writeback+sync", {"durable": "writeback"})]
         for suffix, kind in kinds:

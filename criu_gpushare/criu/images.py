@@ -155,7 +155,7 @@ def read_pages_ahead(images_dir: str) -> threading.Thread | None:
     paths = sorted(glob.glob(os.path.join(glob.escape(images_dir), "pages-*.img")))
     try:
         total = sum(os.stat(p).st_size for p in paths)
-        if not paths or _file_system_type(images_dir) in _MEMORY_FILE_SYSTEMS or total > _available_memory() // 2:
+        if not paths or not _on_disk(images_dir) or total > _available_memory() // 2:
             return None
     except OSError:
         return None
@@ -199,25 +199,19 @@ class WriteBack:
         self._stop = threading.Event()
         self._thread = None
 
-    @classmethod
-    def start(cls, images_dir: str) -> WriteBack:
-        """-> a WriteBack, its thread started where the image is on a disk."""
-        wb = cls(images_dir)
-        try:
-            on_disk = _file_system_type(images_dir) not in _MEMORY_FILE_SYSTEMS
-        except OSError:
-            on_disk = False
-        if on_disk and _sync_file_range is not None:
-            wb._thread = threading.Thread(target=wb._run, name="criu-image-writeback", daemon=True)
-            wb._thread.start()
-        return wb
+    def start(self) -> WriteBack:
+        """Its thread started, where the image is on a disk; -> itself."""
+        if _sync_file_range is not None and _on_disk(self.images_dir):
+            self._thread = threading.Thread(target=self._run, name="criu-image-writeback", daemon=True)
+            self._thread.start()
+        return self
 
     @property
     def running(self) -> bool:
         return self._thread is not None
 
     def stop(self) -> None:
-        """Stop queueing writes (those queued go on); once only matters, again does nothing."""
+        """Stop queueing writes (those queued go on); not started, or again, it does nothing."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -243,6 +237,15 @@ class WriteBack:
                 finally:
                     os.close(fd)
                 queued[path] = size
+
+
+def _on_disk(path: str) -> bool:
+    """Whether a disk is behind the file system that holds path: not tmpfs or ramfs, whose pages
+    are in memory already (False too where it cannot be asked)."""
+    try:
+        return _file_system_type(path) not in _MEMORY_FILE_SYSTEMS
+    except OSError:
+        return False
 
 
 def _file_system_type(path: str) -> int:

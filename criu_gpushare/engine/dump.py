@@ -46,7 +46,7 @@ class DumpJob:
         self.options = options
         self.journal = self.group = None
         self.completed = False
-        self.writeback = None  # CRIU's image sent to the disk as CRIU writes it (from begin on)
+        self.writeback = WriteBack(images_dir)  # from begin() to post-dump
 
     @property
     def ref(self):
@@ -93,12 +93,8 @@ class DumpJob:
             self.journal.close()
             return False
         self.journal.set(state=jn.DUMPED)
-        self.writeback = WriteBack.start(self.images_dir)  # CRIU's dump comes next
+        self.writeback.start()  # CRIU's dump comes next
         return True
-
-    def _stop_writeback(self):
-        if self.writeback is not None:
-            self.writeback.stop()
 
     def _undo_quietly(self):
         """A failure after the steps succeeded (writing the record): undo them, then let go."""
@@ -117,7 +113,7 @@ class DumpJob:
         """post-dump: make the store durable before CRIU reports success, and CRIU's image too
         (CRIU has closed and flushed its image files by post-dump, but syncs none of them; most
         of them are on their way to the disk already: WriteBack)."""
-        self._stop_writeback()
+        self.writeback.stop()
         with open_store(self.options.store) as store:
             store.read_ref(self.ref)  # the ref a restore needs must be there
             store.sync()
@@ -131,7 +127,7 @@ class DumpJob:
         """CRIU has exited: give running tasks their GPU state back; drop the ref of a dump CRIU
         did not finish. criu_succeeded: CRIU's answer where this process has it; else tasks CRIU
         killed mean success, and tasks left running mean success only with CRIU's stats-dump."""
-        self._stop_writeback()  # a dump that failed before post-dump
+        self.writeback.stop()  # a dump that failed before post-dump
         alive = self.journal.processes_alive()
         if criu_succeeded is None:
             criu_succeeded = not alive or dump_succeeded(self.images_dir, self.journal.data["created"])

@@ -17,6 +17,7 @@ import time
 from ..criu import images, libdir, rpc
 from ..errors import Cancelled, Interrupted, ProcessError
 from ..shimctl.processes import process_tree, uses_cuda
+from ..store.s3client import is_s3_url
 from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
                resuming, suspension)
 from .faults import fault_point
@@ -171,7 +172,7 @@ PAGES_FIRST_S = 10.0
 
 def _same_device(path, store):
     """Whether the file system of path is that of the store (a directory; an s3:// store is not)."""
-    if "://" in store:
+    if is_s3_url(store):
         return False
     try:
         return os.stat(path).st_dev == os.stat(store).st_dev

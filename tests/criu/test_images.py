@@ -215,7 +215,7 @@ def test_the_page_images_go_to_the_disk_while_criu_writes_them(tmp_path, monkeyp
         while entry not in queued:
             assert time.monotonic() < deadline, queued
             time.sleep(0.01)
-    wb = images.WriteBack.start(str(tmp_path))
+    wb = images.WriteBack(str(tmp_path)).start()
     assert wb.running
     pages.write_bytes(b"y" * 65536)  # CRIU writes on
     wait_for(("pages-1.img", 65536))
@@ -236,7 +236,7 @@ def test_the_page_images_go_to_the_disk_while_criu_writes_them(tmp_path, monkeyp
 def test_an_image_in_memory_is_not_written_back():
     on_tmpfs = tempfile.mkdtemp(dir="/dev/shm")
     try:
-        wb = images.WriteBack.start(on_tmpfs)
+        wb = images.WriteBack(on_tmpfs).start()
         assert not wb.running
         wb.stop()
     finally:
