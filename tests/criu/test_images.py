@@ -217,7 +217,9 @@ def test_the_page_images_go_to_the_disk_while_criu_writes_them(tmp_path, monkeyp
             time.sleep(0.01)
     wb = images.WriteBack(str(tmp_path)).start()
     assert wb.running
-    pages.write_bytes(b"y" * 65536)  # CRIU writes on
+    # CRIU writes on (a new file, whole at once: a stat mid-write could see it half grown)
+    (tmp_path / "new.tmp").write_bytes(b"y" * 65536)
+    os.rename(tmp_path / "new.tmp", pages)
     wait_for(("pages-1.img", 65536))
     time.sleep(5 * images.WRITE_BACK_EVERY_S)
     assert queued == [("pages-1.img", 65536)], "queued again without having grown"
