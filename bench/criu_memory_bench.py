@@ -115,6 +115,20 @@ def _criu(criu, argv, images, timeout_s):
     return wall
 
 
+def process_state(pid):
+    """What a process that does not answer is doing: its state, its signal masks, where it waits."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            said = [ln.strip().replace("\t", " ") for ln in f
+                    if ln.startswith(("State", "SigPnd", "ShdPnd", "SigBlk", "SigCgt"))]
+        for name in ("wchan", "syscall"):
+            with open(f"/proc/{pid}/{name}") as f:
+                said.append(f"{name}: {f.read().strip()}")
+    except OSError as e:
+        return f"pid {pid}: {e.strerror}"
+    return f"pid {pid}: " + ", ".join(said)
+
+
 MADV_COLLAPSE = 25             # linux/mman.h; process_madvise takes it since Linux 6.1
 SYS_PROCESS_MADVISE = 440      # the same number on x86-64 and arm64
 
@@ -279,7 +293,10 @@ def cycle(args, work, collapse_first=False, cold=None, beside=None, durable=None
         proc.wait(timeout=10)  # CRIU ended it
         out.update(restore(args, images, cold, beside))
         os.kill(pid, signal.SIGUSR1)  # restored under its own pid
-        out["check"] = "ok" if _wait_for(check, args.timeout) == before else "DIFFERS"
+        try:
+            out["check"] = "ok" if _wait_for(check, args.timeout) == before else "DIFFERS"
+        except RuntimeError as e:
+            raise RuntimeError(f"the restored workload did not answer: {e}; {process_state(pid)}") from None
         if collapsed:
             out["collapse_s"], out["collapsed_bytes"] = collapsed
         for action in ("dump", "restore"):

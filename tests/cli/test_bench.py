@@ -3,6 +3,7 @@ self-tests, the workload control protocol, the table and its ratios, the disk ra
 calls. The GPU runs themselves happen in scripts/gpu-tests.sh (GPU_BENCH=1)."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -312,6 +313,27 @@ def test_criu_memory_bench_times_the_sync_a_durable_dump_adds(criu, tmp_path):
     r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--durable", "--cold"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "one question at a time" in r.stderr, r.stderr
+
+
+def test_criu_memory_bench_says_what_a_workload_that_does_not_answer_is_doing():
+    """A restored workload that never writes its check: the error says where it waits and which
+    signals it has pending and blocked, or that it is gone."""
+    import criu_memory_bench as cmb
+    proc = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                             "signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1]); time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while "SigBlk: 0000000000000200" not in cmb.process_state(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGUSR1)
+        said = cmb.process_state(proc.pid)
+        assert f"pid {proc.pid}: State: S (sleeping)" in said, said
+        assert "ShdPnd: 0000000000000200" in said and "SigBlk: 0000000000000200" in said, said
+        assert "wchan: " in said and "syscall: " in said, said
+    finally:
+        proc.kill()
+        proc.wait()
+    assert cmb.process_state(proc.pid) == f"pid {proc.pid}: No such file or directory"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="setting the huge page mode needs root")
