@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib as bl  # noqa: E402
 from criu_gpushare.criu.images import WriteBack, read_pages_ahead, stats  # noqa: E402
 from criu_gpushare.store import Store  # noqa: E402
-from criu_gpushare.store.fsutil import syncfs  # noqa: E402
+from criu_gpushare.engine.dump import sync_image  # noqa: E402
 
 # The workload: GIB GiB of random bytes in one anonymous mapping (a random 64 MiB, repeated, each
 # 4 KiB page stamped with its index: CRIU copies pages as they are, whatever they hold), their
@@ -325,11 +325,7 @@ def dump(args, pid, images, durable=None):
     if durable:
         t0 = time.monotonic()
         writeback.stop()
-        fd = os.open(images, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            syncfs(fd, images)
-        finally:
-            os.close(fd)
+        sync_image(images)  # as the tool's post-dump syncs an image apart from its store
         out["sync_s"] = time.monotonic() - t0
         out["durable_s"] = out["dump_s"] + out["sync_s"]
     return out
