@@ -215,7 +215,9 @@ else
     echo "no .criu-debs/*.deb: CRIU tests will skip unless a CRIU >= 4 is already on PATH"
 fi
 
-# pycriu needs protobuf; the GPU machine has no network: a wheel carried in .whl/ if it lacks one.
+# pycriu needs protobuf; the GPU machine has no network: a wheel carried in .whl/ if it lacks one,
+# fetched beforehand on a machine with network (the GPU machine's python is 3.12):
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d .whl protobuf
 if ! python3 -c 'import google.protobuf' 2>/dev/null && ls "$REPO"/.whl/protobuf-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --find-links "$REPO/.whl" protobuf 2>&1 | tail -n 2 ||
         python3 -m pip install -q --no-index --find-links "$REPO/.whl" --break-system-packages protobuf 2>&1 | tail -n 2
