@@ -24,6 +24,9 @@
 #      -> OUT/bench-checkpoint.txt, .json (its workloads carry the probe tag: step 7 kills leftovers),
 #      bench/startup_bench.py when BENCHES names `startup` -> OUT/bench-startup.txt,
 #      bench/write_paths_bench.py --huge-tmpfs when BENCHES names `writes` -> OUT/bench-writes.txt,
+#      bench/write_paths_bench.py --disk in BENCH_DISK_DIR (default .bench-disk, as checkpoint_bench's
+#      disk store; BENCH_DISK_WRITES_SIZE, default 8G) when it names `disk-writes`
+#      -> OUT/bench-disk-writes.txt,
 #      bench/save_stages_bench.py (BENCH_STAGES_GIB, default 40) when it names `stages`
 #      -> OUT/bench-stages.txt, bench/criu_memory_bench.py (BENCH_CRIU_MEMORY_GIB, default 1, and
 #      BENCH_CRIU_MEMORY_ARGS, e.g. "--cold --beside-store 8 --dir .bench-disk/criu-memory") when
@@ -44,15 +47,15 @@
 # GPU_PARTS (default "gpu real example") picks the parts of step 6 to run, so a run fits a time
 # limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
 # the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as
-# GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator startup writes stages
-# criu-memory host-memory overlap").
+# GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator startup writes disk-writes
+# stages criu-memory host-memory overlap").
 # Seen on the H200 (driver 580): install, CRIU and doctor ~40 s; tests/gpu/test_cuda_graphs.py
 # ~140 s; tests/hook/test_gpu_dump.py ~60 s; tests/engine > 140 s; the probes in tests/gpu ~6 min;
 # checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
 # limits one command to 10 minutes needs several runs: split by GPU_PARTS, GPU_TESTS, REAL_SUITES.
 # Only a few files of OUT may come back: 0-summary.txt holds the summary and the probe figures,
-# 0-bench-checkpoint.txt and .json, 0-bench-startup.txt, 0-bench-host-memory.txt and
-# 0-bench-criu-memory.txt the benches' output (also that of a bench the run's timeout stopped, as far as it got).
+# 0-bench-checkpoint.txt and .json, 0-bench-startup.txt, 0-bench-host-memory.txt,
+# 0-bench-criu-memory.txt and 0-bench-disk-writes.txt the benches' output (also that of a bench the run's timeout stopped, as far as it got).
 # GPU_REQUIRE=NAME stops at once (exit 3, said in 0-summary.txt) on a GPU whose name lacks NAME.
 # Steps 7 and 8 also run when the script is interrupted. GPU_TESTS_INSTALL=0 skips step 2 (a dry
 # run on a development machine, where the package is installed editable). Exit status: 0 when every step worked and
@@ -171,7 +174,8 @@ finish() {
     # A machine that brings back only a few files of OUT, in name order, brings this one first,
     # and the benches' tables beside it (written as they ran: what a stopped run had done too).
     cp "$OUT/summary.txt" "$OUT/0-summary.txt"
-    for f in bench-checkpoint.txt bench-checkpoint.json bench-startup.txt bench-host-memory.txt bench-criu-memory.txt; do
+    for f in bench-checkpoint.txt bench-checkpoint.json bench-startup.txt bench-host-memory.txt bench-criu-memory.txt \
+             bench-disk-writes.txt; do
         [ -f "$OUT/$f" ] && cp "$OUT/$f" "$OUT/0-$f"
     done
     cat "$OUT/summary.txt"
@@ -343,6 +347,12 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
     if [[ $BENCHES == *" writes "* ]]; then
         timeout 300 python3 bench/write_paths_bench.py --huge-tmpfs --size "${BENCH_WRITES_SIZE:-16G}" 2>&1 | tee "$OUT/bench-writes.txt"
         step "bench/write_paths_bench.py" "${PIPESTATUS[0]}"
+    fi
+    if [[ $BENCHES == *" disk-writes "* ]]; then
+        mkdir -p "${BENCH_DISK_DIR:-$REPO/.bench-disk}"
+        timeout 300 python3 bench/write_paths_bench.py --disk --dir "${BENCH_DISK_DIR:-$REPO/.bench-disk}" \
+            --threads 2,4,8,16 --size "${BENCH_DISK_WRITES_SIZE:-8G}" --repeat 1 2>&1 | tee "$OUT/bench-disk-writes.txt"
+        step "bench/write_paths_bench.py --disk" "${PIPESTATUS[0]}"
     fi
     if [[ $BENCHES == *" stages "* ]]; then
         timeout 300 python3 bench/save_stages_bench.py --gib "${BENCH_STAGES_GIB:-40}" 2>&1 | tee "$OUT/bench-stages.txt"

@@ -60,6 +60,27 @@ def test_write_paths_bench_measures_each_way_of_writing_a_chunk(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_write_paths_bench_on_a_disk_measures_the_stores_ways_against_one_file(tmp_path):
+    """bench/write_paths_bench.py --disk: each durable O_DIRECT way (the store's own put among
+    them) and the read back, at 1 thread and each count of the list, and nothing left behind;
+    without a directory it refuses to guess one."""
+    r = subprocess.run([sys.executable, str(BENCH / "write_paths_bench.py"), "--disk", "--dir", str(tmp_path),
+                        "--size", "128M", "--threads", "2,3", "--repeat", "1", "--json"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode == 2 and "O_DIRECT refused" in r.stderr:
+        pytest.skip(f"the test directory's file system refuses O_DIRECT: {r.stderr.strip()}")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["mode"] == "disk" and "floors" not in out
+    assert [row["threads"] for row in out["rows"]] == [1, 2, 3]
+    ways = ("one file", "file each, fdatasync each", "file each, syncfs once", "store put, syncfs", "read back")
+    assert all(row[w] > 0 for row in out["rows"] for w in ways), out["rows"]
+    assert list(tmp_path.iterdir()) == []
+    r = subprocess.run([sys.executable, str(BENCH / "write_paths_bench.py"), "--disk"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--disk needs --dir" in r.stderr, r.stderr
+
+
 def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_path):
     """bench/save_stages_bench.py on the fake driver (no kernels: no GPU-id row): a row per stage
     taken out, the table, and its store removed."""
