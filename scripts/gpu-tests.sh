@@ -5,7 +5,8 @@
 #
 # What it does, in order; a failed step is recorded and the script goes on:
 #   1. keeps NVLink multicast off in every process (NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-#      NVSHMEM_DISABLE_NVLS=1);
+#      NVSHMEM_DISABLE_NVLS=1); kills the processes an earlier run stopped before its cleanup left
+#      behind (said in OUT/steps.txt), and stops (exit 3) beside a run still going;
 #   2. `pip install --no-build-isolation --no-deps -e .` (no network there; editable so that the
 #      package imported from the repository root is the built one, shim included), then its
 #      bytecode compiled once, as a wheel's install does                 -> OUT/pip-install.log
@@ -90,6 +91,48 @@ export PROBE_DISK_DIR=${PROBE_DISK_DIR:-$REPO}  # the O_DIRECT probe writes (and
 : >"$OUT/steps.txt"
 FAILED=0
 FINISHED=0
+
+ancestors() {  # this shell's pid and those of its parents, up to init
+    local pid=$$
+    while [ -n "$pid" ] && [ "$pid" -gt 1 ]; do
+        echo "$pid"
+        pid=$(awk '/^PPid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+    done
+}
+
+# A run stopped before its own cleanup (a timeout around this script, the machine's limit on a
+# command) can leave its tests' processes on the GPU, and a driver checkpoint call of theirs
+# beside one of this run's never returns. Every process a run starts inherits its
+# GPUSHARE_PROBE_RUN (gpu-tests-<its pid>-<time>): kill those of runs that are over; refuse to
+# start beside a run still going. A run this one was started from (its pid among our ancestors)
+# is neither.
+sweep_earlier_runs() {
+    local mine pid run owner killed="" environ
+    mine=" $(ancestors | tr '\n' ' ')"
+    for environ in /proc/[0-9]*/environ; do
+        pid=${environ#/proc/}; pid=${pid%/environ}
+        run=$(tr '\0' '\n' 2>/dev/null <"$environ" | sed -n 's/^GPUSHARE_PROBE_RUN=//p' | head -n 1)
+        case $run in gpu-tests-*) ;; *) continue ;; esac
+        [ "$run" = "$GPUSHARE_PROBE_RUN" ] && continue  # this run's own (the commands of this loop)
+        owner=${run#gpu-tests-}; owner=${owner%%-*}
+        case $mine in *" $owner "*) continue ;; esac
+        if tr '\0' ' ' 2>/dev/null <"/proc/$owner/cmdline" | grep -q 'gpu-tests\.sh'; then
+            echo "gpu-tests: another run ($run, pid $owner) is still going: two runs at once would make" \
+                 "driver checkpoint calls from two processes, which never return; nothing run" | tee "$OUT/0-summary.txt"
+            exit 3
+        fi
+        kill -KILL "$pid" 2>/dev/null && killed="$killed $pid"
+    done
+    if [ -n "$killed" ]; then
+        sleep 2
+        echo "processes left by earlier runs: killed$killed" | tee -a "$OUT/steps.txt"
+        for pid in $killed; do
+            [ -d "/proc/$pid" ] && echo "still present after SIGKILL: $pid" | tee -a "$OUT/steps.txt"
+        done
+    fi
+    return 0
+}
+sweep_earlier_runs
 
 step() {  # step NAME RC: record a step's outcome
     local status=ok

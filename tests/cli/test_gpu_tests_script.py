@@ -1,8 +1,18 @@
-"""scripts/gpu-tests.sh never stops a test without saying which one and where it was."""
+"""scripts/gpu-tests.sh never stops a test without saying which one and where it was, and never
+runs its tests beside another run's processes on the GPU."""
 import os
+import signal
 import subprocess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _one_passing_test(out, count):
+    """The script run with one test that passes (its first run), no install."""
+    env = dict(os.environ, OUT=str(out), GPU_TESTS_INSTALL="0", GPU_PARTS="gpu",
+               GPU_TESTS="tests/cli/flaky_case.py", PYTEST_TIMEOUT_S="60", FLAKY_CASE_COUNT=str(count))
+    return subprocess.run(["scripts/gpu-tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=240)
 
 
 def test_a_pytest_run_past_its_timeout_names_the_test_and_its_line(tmp_path):
@@ -42,11 +52,7 @@ def test_the_benches_tables_come_back_first_beside_the_summary(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "bench-checkpoint.txt").write_text("single tool tmpfs 40.00 2.30 ...\n")
-    env = dict(os.environ, OUT=str(out), GPU_TESTS_INSTALL="0", GPU_PARTS="gpu",
-               GPU_TESTS="tests/cli/flaky_case.py", PYTEST_TIMEOUT_S="60",
-               FLAKY_CASE_COUNT=str(tmp_path / "count"))
-    r = subprocess.run(["scripts/gpu-tests.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=240)
+    r = _one_passing_test(out, tmp_path / "count")
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     first = sorted(os.listdir(out))[:3]
     assert first == ["0-bench-checkpoint.txt", "0-summary.txt", "bench-checkpoint.txt"], first
@@ -75,3 +81,45 @@ def test_gpu_require_stops_before_anything_on_another_card(tmp_path):
                        timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "pytest tests/cli/flaky_case.py: ok" in (out / "steps.txt").read_text()
+
+
+def _leftover(run):
+    """A process as an earlier run's test leaves it: its own session, the run's variable inherited."""
+    env = dict(os.environ, GPUSHARE_PROBE_RUN=run)
+    return subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+
+
+def test_a_run_kills_what_an_earlier_stopped_run_left_and_says_so(tmp_path):
+    """A run stopped before its cleanup (its script's pid gone) left a process: the next run kills
+    it before it starts anything and names it in its steps."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # a pid that no longer runs gpu-tests.sh
+    left = _leftover(f"gpu-tests-{dead.pid}-1")
+    try:
+        out = tmp_path / "out"
+        r = _one_passing_test(out, tmp_path / "count")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert left.wait(timeout=10) == -9  # SIGKILL
+        steps = (out / "steps.txt").read_text()
+        assert f"processes left by earlier runs: killed {left.pid}\n" in steps, steps
+    finally:
+        left.kill()
+        left.wait()
+
+
+def test_a_run_refuses_to_start_beside_a_run_still_going(tmp_path):
+    """Another run's script is alive: nothing is run or killed, exit 3, and the summary says why."""
+    owner = subprocess.Popen(["bash", "-c", "sleep 300; true", "gpu-tests.sh"], start_new_session=True)
+    left = _leftover(f"gpu-tests-{owner.pid}-1")
+    try:
+        out = tmp_path / "out"
+        r = _one_passing_test(out, tmp_path / "count")
+        assert r.returncode == 3, r.stdout[-3000:] + r.stderr[-3000:]
+        assert left.poll() is None and owner.poll() is None  # theirs, untouched
+        summary = (out / "0-summary.txt").read_text()
+        assert f"another run (gpu-tests-{owner.pid}-1, pid {owner.pid}) is still going" in summary, summary
+        assert not (tmp_path / "count").exists()  # no test ran
+    finally:
+        for p in (left, owner):
+            os.killpg(p.pid, signal.SIGKILL)  # the owner's sleep with it
+            p.wait()
