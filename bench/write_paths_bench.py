@@ -75,6 +75,7 @@ from criu_gpushare.store.fsutil import O_DIRECT, syncfs, write_all  # noqa: E402
 
 CHUNK = 64 << 20
 PIECE = 1 << 20
+WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
 
 
 def write_only(fd, view):
@@ -109,6 +110,25 @@ def read_only(fd, view):
         done += n
 
 
+def stamp(buf, i):
+    buf[:8] = struct.pack("<Q", i)  # a distinct chunk, as each chunk of a save is
+
+
+def chunk_file(work, i):
+    return os.path.join(work, f"{i:06d}")
+
+
+def read_files(work, ids, buf, flags=0):
+    """Read the chunk files `ids` under `work` back into buf, one after another."""
+    view = memoryview(buf)
+    for i in ids:
+        fd = os.open(chunk_file(work, i), os.O_RDONLY | flags)
+        try:
+            read_only(fd, view)
+        finally:
+            os.close(fd)
+
+
 def run_case(directory, way, size, threads, buffers, read_back=False):
     """GB/s of writing size bytes as CHUNK files into a fresh directory under `directory` with
     `way`; with read_back, the files are written first (untimed) and the GB/s of reading them
@@ -120,21 +140,15 @@ def run_case(directory, way, size, threads, buffers, read_back=False):
         buf = buffers[t]
         view = memoryview(buf)
         for i in range(t, n, threads):
-            buf[:8] = struct.pack("<Q", i)  # a distinct chunk, as each chunk of a save is
-            fd = os.open(os.path.join(work, f"{i:06d}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            stamp(buf, i)
+            fd = os.open(chunk_file(work, i), WRITE_NEW, 0o600)
             try:
                 way(fd, view)
             finally:
                 os.close(fd)
 
     def read_job(t):
-        view = memoryview(buffers[t])
-        for i in range(t, n, threads):
-            fd = os.open(os.path.join(work, f"{i:06d}"), os.O_RDONLY)
-            try:
-                read_only(fd, view)
-            finally:
-                os.close(fd)
+        read_files(work, range(t, n, threads), buffers[t])
     try:
         if read_back:
             on_threads(write_job, threads)
@@ -191,9 +205,6 @@ def copy_floor(size, threads, buffers, into_new, huge=False):
                     target.close()
 
 
-WRITE_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-
-
 class DirectRefused(Exception):
     """The file system refused O_DIRECT: --disk measures nothing there."""
 
@@ -201,10 +212,6 @@ class DirectRefused(Exception):
 def direct_write(fd, view):
     if write_all(fd, view):  # the store's fallback to buffered I/O: not a disk measurement
         raise DirectRefused
-
-
-def stamp(buf, i):
-    buf[:8] = struct.pack("<Q", i)  # a distinct chunk, as each chunk of a save is
 
 
 def one_file(work, ids, buf, store):
@@ -222,7 +229,7 @@ def file_each(sync_each):
     def write_files(work, ids, buf, store):
         for i in ids:
             stamp(buf, i)
-            fd = os.open(os.path.join(work, f"{i:06d}"), WRITE_NEW | O_DIRECT, 0o600)
+            fd = os.open(chunk_file(work, i), WRITE_NEW | O_DIRECT, 0o600)
             try:
                 direct_write(fd, memoryview(buf))
                 if sync_each:
@@ -252,25 +259,20 @@ def disk_case(directory, name, size, threads, buffers):
     "file each, fdatasync each" back with O_DIRECT after writing them untimed)."""
     n = max(threads, size // CHUNK)
     work = tempfile.mkdtemp(prefix="write-paths-", dir=directory)
-    write, final_sync = DISK_WAYS.get(name, (file_each(True), False))
+    reading = name == "read back"
+    write, final_sync = DISK_WAYS["file each, fdatasync each" if reading else name]
     store = Store.open(os.path.join(work, "store"), create=True) if write is store_put else None
 
     def write_job(t):
         write(work, range(t, n, threads), buffers[t], store)
 
     def read_job(t):
-        view = memoryview(buffers[t])
-        for i in range(t, n, threads):
-            fd = os.open(os.path.join(work, f"{i:06d}"), os.O_RDONLY | O_DIRECT)
-            try:
-                read_only(fd, view)
-            finally:
-                os.close(fd)
+        read_files(work, range(t, n, threads), buffers[t], O_DIRECT)
     try:
-        if name == "read back":
+        if reading:
             on_threads(write_job, threads)
         t0 = time.perf_counter()
-        on_threads(read_job if name == "read back" else write_job, threads)
+        on_threads(read_job if reading else write_job, threads)
         if store is not None:
             store.sync()
         elif final_sync:

@@ -92,6 +92,25 @@ export PROBE_DISK_DIR=${PROBE_DISK_DIR:-$REPO}  # the O_DIRECT probe writes (and
 FAILED=0
 FINISHED=0
 
+each_with_env() {  # each_with_env NAME: "PID VALUE" for each other process whose environment sets NAME
+    local environ pid value
+    for environ in /proc/[0-9]*/environ; do
+        pid=${environ#/proc/}; pid=${pid%/environ}
+        [ "$pid" = "$$" ] && continue
+        value=$(tr '\0' '\n' 2>/dev/null <"$environ" | sed -n "s/^$1=//p" | head -n 1)
+        [ -n "$value" ] && echo "$pid $value"
+    done
+}
+
+report_survivors() {  # report_survivors PID...: after SIGKILL, the ones still there (a D state)
+    local pid
+    sleep 2
+    for pid in "$@"; do
+        [ -d "/proc/$pid" ] && echo "still present after SIGKILL: $pid ($(awk '/^State:/{print $2, $3}' "/proc/$pid/status" 2>/dev/null))"
+    done
+    return 0
+}
+
 ancestors() {  # this shell's pid and those of its parents, up to init
     local pid=$$
     while [ -n "$pid" ] && [ "$pid" -gt 1 ]; do
@@ -107,13 +126,11 @@ ancestors() {  # this shell's pid and those of its parents, up to init
 # start beside a run still going. A run this one was started from (its pid among our ancestors)
 # is neither.
 sweep_earlier_runs() {
-    local mine pid run owner killed="" environ
+    local mine pid run owner killed=""
     mine=" $(ancestors | tr '\n' ' ')"
-    for environ in /proc/[0-9]*/environ; do
-        pid=${environ#/proc/}; pid=${pid%/environ}
-        run=$(tr '\0' '\n' 2>/dev/null <"$environ" | sed -n 's/^GPUSHARE_PROBE_RUN=//p' | head -n 1)
+    while read -r pid run; do
         case $run in gpu-tests-*) ;; *) continue ;; esac
-        [ "$run" = "$GPUSHARE_PROBE_RUN" ] && continue  # this run's own (the commands of this loop)
+        [ "$run" = "$GPUSHARE_PROBE_RUN" ] && continue  # this run's own (the commands of this walk)
         owner=${run#gpu-tests-}; owner=${owner%%-*}
         case $mine in *" $owner "*) continue ;; esac
         if tr '\0' ' ' 2>/dev/null <"/proc/$owner/cmdline" | grep -q 'gpu-tests\.sh'; then
@@ -122,13 +139,11 @@ sweep_earlier_runs() {
             exit 3
         fi
         kill -KILL "$pid" 2>/dev/null && killed="$killed $pid"
-    done
+    done < <(each_with_env GPUSHARE_PROBE_RUN)
     if [ -n "$killed" ]; then
-        sleep 2
         echo "processes left by earlier runs: killed$killed" | tee -a "$OUT/steps.txt"
-        for pid in $killed; do
-            [ -d "/proc/$pid" ] && echo "still present after SIGKILL: $pid" | tee -a "$OUT/steps.txt"
-        done
+        # shellcheck disable=SC2086  # one word per pid
+        report_survivors $killed | tee -a "$OUT/steps.txt"
     fi
     return 0
 }
@@ -158,21 +173,17 @@ run_pytest() {  # run_pytest LOG NAME ARGS...: one pytest run under the timeout,
 }
 
 kill_leftover_probes() {
-    local pid left=""
-    for environ in /proc/[0-9]*/environ; do
-        pid=${environ#/proc/}; pid=${pid%/environ}
-        [ "$pid" = "$$" ] && continue
-        if tr '\0' '\n' 2>/dev/null <"$environ" | grep -qxF "GPUSHARE_PROBE_TAG=$GPUSHARE_PROBE_RUN"; then
+    local pid tag left=""
+    while read -r pid tag; do
+        if [ "$tag" = "$GPUSHARE_PROBE_RUN" ]; then
             left="$left $pid"
             kill -KILL "$pid" 2>/dev/null
         fi
-    done
+    done < <(each_with_env GPUSHARE_PROBE_TAG)
     if [ -n "$left" ]; then
         echo "killed leftover probe processes:$left"
-        sleep 2
-        for pid in $left; do
-            [ -d "/proc/$pid" ] && echo "still present after SIGKILL: $pid ($(awk '/^State:/{print $2, $3}' "/proc/$pid/status" 2>/dev/null))"
-        done
+        # shellcheck disable=SC2086  # one word per pid
+        report_survivors $left
     else
         echo "no leftover probe processes"
     fi
