@@ -104,24 +104,31 @@ def format_table(rows, title=""):
     return "\n".join(lines)
 
 
-def device_shares(rows, rates):
+def device_shares(rows, rates, after=None):
     """Each row's GB/s as a share of its store device's own rate measured in the same run (out
     against the device's write rate, back against its read rate): lines for the table, and the
-    shares in row.extra (out_pct_of_device, back_pct_of_device) for the JSON."""
+    shares in row.extra (out_pct_of_device, back_pct_of_device) for the JSON. `after`: the same
+    device's rate measured again once the rows were done (a cloud disk's rate drifts within one
+    run), each row then set against both (out_pct_of_device_after, back_pct_of_device_after)."""
     lines = []
     for r in rows:
         rate = rates.get(r.store) or {}
         if "write_gbps" not in rate or not (r.out_s or r.back_s):
             continue
+        again = (after or {}).get(r.store) or {}
         parts = []
-        for way, secs, own in (("out", r.out_s, rate["write_gbps"]), ("back", r.back_s, rate["read_gbps"])):
+        for way, secs, key in (("out", r.out_s, "write_gbps"), ("back", r.back_s, "read_gbps")):
             gbps = r.gbps(secs)
-            if gbps is None or not own:
+            if gbps is None or not rate[key]:
                 continue
-            pct = 100 * gbps / own
+            pct = 100 * gbps / rate[key]
             r.extra[f"{way}_pct_of_device"] = round(pct, 1)
-            parts.append(f"{way} {gbps:.2f} GB/s = {pct:.0f}% of its {'write' if way == 'out' else 'read'} "
-                         f"{own:.2f}")
+            part = f"{way} {gbps:.2f} GB/s = {pct:.0f}% of its {key[:-5]} {rate[key]:.2f}"
+            if again.get(key):
+                pct_after = 100 * gbps / again[key]
+                r.extra[f"{way}_pct_of_device_after"] = round(pct_after, 1)
+                part += f" before the rows, {pct_after:.0f}% of {again[key]:.2f} after them"
+            parts.append(part)
         if parts:
             lines.append(f"  {r.workload}/{r.path}/{r.store}: " + "; ".join(parts))
     if lines:

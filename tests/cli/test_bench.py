@@ -267,6 +267,19 @@ def test_rows_are_set_against_the_store_device_s_own_rate():
     assert "driver" not in text  # no store device behind it
 
 
+def test_disk_rows_are_also_set_against_the_rate_measured_after_them():
+    rows = [bl.Row("single", "criu", "disk", 4 * 10**9, out_s=2.0, back_s=4.0, check="ok"),
+            bl.Row("single", "criu", "tmpfs", 4 * 10**9, out_s=1.0, back_s=1.0, check="ok")]
+    rates = {"disk": {"write_gbps": 2.5, "read_gbps": 2.0, "direct": True},
+             "tmpfs": {"write_gbps": 8.0, "read_gbps": 8.0, "direct": True}}
+    text = bl.device_shares(rows, rates, {"disk": {"write_gbps": 2.0, "read_gbps": 1.25, "direct": True}})
+    assert ("single/criu/disk: out 2.00 GB/s = 80% of its write 2.50 before the rows, 100% of 2.00 after "
+            "them; back 1.00 GB/s = 50% of its read 2.00 before the rows, 80% of 1.25 after them") in text, text
+    assert rows[0].extra == {"out_pct_of_device": 80.0, "back_pct_of_device": 50.0,
+                             "out_pct_of_device_after": 100.0, "back_pct_of_device_after": 80.0}
+    assert "single/criu/tmpfs: out 4.00 GB/s = 50% of its write 8.00; back" in text, text
+
+
 def test_a_tool_call_that_overruns_is_bounded():
     res = bl.run_tool([], os.environ.copy(), 0.5, argv=[sys.executable, "-c", "import time; time.sleep(30)"])
     assert res.rc == 124 and not res.ok and res.why().startswith("timed out")
