@@ -33,7 +33,8 @@
 #      BENCH_CRIU_MEMORY_ARGS, e.g. "--cold --beside-store 8 --dir .bench-disk/criu-memory") when
 #      it names `criu-memory` -> OUT/bench-criu-memory.txt, bench/host_memory_bench.py
 #      (BENCH_HOST_MEMORY_ARGS) when it names `host-memory` -> OUT/bench-host-memory.txt, bench/overlap_bench.py
-#      (BENCH_OVERLAP_GIB, default 16) when it names `overlap` -> OUT/bench-overlap.txt, and
+#      (BENCH_OVERLAP_GIB, default 16) when it names `overlap` -> OUT/bench-overlap.txt,
+#      bench/mapping_bench.py (BENCH_MAPPING_ARGS) when it names `mapping` -> OUT/bench-mapping.txt, and
 #      bench/allocator_bench.py (BENCH_ALLOC_GIB, default 8) -> OUT/bench-allocator.txt, .json;
 #      tests/gpu/test_stress.py runs CRIU_GPUSHARE_STRESS_CYCLES cycles (default 60, ~4.2 s each on
 #      the H200, a progress line every 10 cycles);
@@ -49,7 +50,7 @@
 # limit: gpu (tests/gpu), real (REAL_SUITES, default tests/shim tests/engine tests/hook, against
 # the real driver), example (examples/torch_dump_restore.sh -> OUT/example.txt), bench (as
 # GPU_BENCH=1; BENCHES picks among "copy shim checkpoint allocator startup writes disk-writes
-# stages criu-memory host-memory overlap").
+# stages criu-memory host-memory overlap mapping").
 # Seen on the H200 (driver 580): install, CRIU and doctor ~40 s; tests/gpu/test_cuda_graphs.py
 # ~140 s; tests/hook/test_gpu_dump.py ~60 s; tests/engine > 140 s; the probes in tests/gpu ~6 min;
 # checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
@@ -407,6 +408,11 @@ if [[ $PARTS == *" bench "* ]] || [ "${GPU_BENCH:-0}" = 1 ]; then  # benchmarks 
         timeout 300 python3 bench/write_paths_bench.py --disk --dir "${BENCH_DISK_DIR:-$REPO/.bench-disk}" \
             --threads 2,4,8,16 --size "${BENCH_DISK_WRITES_SIZE:-8G}" --repeat 1 2>&1 | tee "$OUT/bench-disk-writes.txt"
         step "bench/write_paths_bench.py --disk" "${PIPESTATUS[0]}"
+    fi
+    if [[ $BENCHES == *" mapping "* ]]; then
+        # BENCH_MAPPING_ARGS: options, split into words on purpose
+        timeout 200 python3 bench/mapping_bench.py ${BENCH_MAPPING_ARGS:-} 2>&1 | tee "$OUT/bench-mapping.txt"
+        step "bench/mapping_bench.py" "${PIPESTATUS[0]}"
     fi
     if [[ $BENCHES == *" stages "* ]]; then
         timeout 300 python3 bench/save_stages_bench.py --gib "${BENCH_STAGES_GIB:-40}" 2>&1 | tee "$OUT/bench-stages.txt"

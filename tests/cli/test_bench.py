@@ -105,6 +105,19 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
     assert list(stores.iterdir()) == []
 
 
+def test_mapping_bench_opens_every_allocation_each_way_and_checks_it(fake_env):
+    """bench/mapping_bench.py on the fake driver: every way opens and closes all allocations and
+    reads each one's mark back through its own mapping."""
+    r = subprocess.run([sys.executable, str(BENCH / "mapping_bench.py"), "--count", "40", "--mib", "2",
+                        "--threads", "4", "--group", "16", "--repeat", "1"],
+                       env=fake_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    table = r.stdout[r.stdout.index("way "):]
+    for way in ("one at a time (the tool now)", "4 threads", "one reservation per 16"):
+        line = next(l for l in table.splitlines() if l.startswith(way))
+        assert line.endswith("  ok"), table
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 def test_checkpoint_bench_mounts_a_huge_page_tmpfs_store_for_its_run_and_unmounts_it(tmp_path):
     """--huge-tmpfs: a store target on a tmpfs mounted with huge=always, gone after the run."""
