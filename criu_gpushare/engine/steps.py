@@ -399,7 +399,7 @@ class Group:
             store.hold(self.options.ref, self.options.hold_kind, pid=self.pids[0])
             t = time.monotonic()
             self.manifest_id = session.commit(self.options.ref, self.manifest)
-            self.parts.setdefault("save", {}).update({**memory_parts("save", step, engine),
+            self.parts.setdefault("save", {}).update({**memory_parts("save", step, engine, exports),
                                   "store commit (sync, manifest, ref)": time.monotonic() - t})
 
     def _progress(self, total, verb):
@@ -594,7 +594,7 @@ class Group:
                     for stats in loaded:
                         self.stats.add(stats)
                         step.add(stats)
-                    self.parts.setdefault("load", {}).update(memory_parts("load", step, engine))
+                    self.parts.setdefault("load", {}).update(memory_parts("load", step, engine, exports))
                     if staged:  # an item loaded ahead is opened, copied on the GPU, closed
                         self.parts["load"]["load: copy what was loaded ahead (device to device)"] = \
                             sum(s.seconds - s.opening - s.closing for s in loaded if s.ahead)
@@ -647,10 +647,12 @@ class Group:
             self.report(f"warning: releasing the store's hold on {self.options.ref}: {e}")
 
 
-def memory_parts(verb, step, engine):
+def memory_parts(verb, step, engine, exports):
     """The parts of a save or load step outside its copies: opening and closing the processes'
-    memory (`step`: the step's CopyStats) and the engine's making ready."""
-    return {f"{verb}: open memory (fd, import, map)": step.opening,
+    memory (`step`: the step's CopyStats; the opening's wait for the shims' fds, `exports`, a part
+    of its own) and the engine's making ready."""
+    return {f"{verb}: fds from the shims": exports.seconds,
+            f"{verb}: open memory (import, map)": max(0.0, step.opening - exports.seconds),
             f"{verb}: close memory (unmap, release)": step.closing,
             f"{verb}: GPU start (context, stream, hasher)": engine.setup["start"],
             f"{verb}: pin the ring": engine.setup["pin"]}

@@ -8,12 +8,14 @@ from phasecheck import assert_phases_cover, timed_cli
 
 SUSPEND = ("tool start", "check (pids, settings, journal)", "discover", "discover: CUDA start (bindings, cuInit)",
            "quiesce", "save",
-           "save: open memory (fd, import, map)", "save: close memory (unmap, release)",
+           "save: fds from the shims", "save: open memory (import, map)",
+           "save: close memory (unmap, release)",
            "save: GPU start (context, stream, hasher)", "save: pin the ring",
            "store commit (sync, manifest, ref)", "release", "lock", "freeze", "checkpoint",
            "save: wait for the checkpoint beside it", "unkeep", "holder or journal (start, ask, reply)")
 RESUME = ("tool start", "check (pids, journal)", "check (store)", "restore", "unlock", "thaw",
-          "recreate", "load", "load: open memory (fd, import, map)", "load: close memory (unmap, release)",
+          "recreate", "load", "load: fds from the shims", "load: open memory (import, map)",
+          "load: close memory (unmap, release)",
           "load: GPU start (context, stream, hasher)", "load: pin the ring", "attach", "reopen",
           "release holds", "holder or journal (start, ask, reply)")
 

@@ -36,8 +36,8 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     r, wall = timed_cli(env["tool"], "dump", parent.pid, images, "--json")
     # where the time went, CRIU's part included, adds up to the whole command
     assert_phases_cover(r, wall, "tool start", "discover", "criu start; gpu out: other", "save", "record",
-                        "save: open memory (fd, import, map)", "save: GPU start (context, stream, hasher)",
-                        "save: pin the ring", "store commit (sync, manifest, ref)", "checkpoint",
+                        "save: fds from the shims", "save: open memory (import, map)",
+                        "save: GPU start (context, stream, hasher)", "save: pin the ring", "store commit (sync, manifest, ref)", "checkpoint",
                         "criu dump (freeze, memory, images)", "sync: store and image (post-dump)", "criu finish")
     parent.wait(10)
     reap([a.pid, b.pid])
@@ -52,7 +52,7 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     assert_phases_cover(r, wall, "tool start", "check (image, store)",
                         "criu restore (processes, host memory)", "check (GPUs, while CRIU restored)",
                         "journal (the restored pids)", "criu resume (tasks run)", "gpu back: other",
-                        "restore", "load", "load: open memory (fd, import, map)",
+                        "restore", "load", "load: fds from the shims", "load: open memory (import, map)",
                         "load: GPU start (context, stream, hasher)", "load: pin the ring", "reopen")
     assert json.loads(r.stdout)["pid"] == parent.pid
     # the fake GPUs (4 GiB) have too little to spare; an H200 has room for the ring
