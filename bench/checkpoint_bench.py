@@ -99,8 +99,9 @@ def parse_args(argv=None):
                          "trees included (root; put back at the end). The mode in force is recorded "
                          "either way")
     ap.add_argument("--s3", action="store_true", help="also an s3:// store on a loopback SeaweedFS server")
-    ap.add_argument("--disk-rate-gib", type=float, default=8.0, help="bytes for each store's own rate (scaled, min 1), measured before "
-                         "the rows and, for a disk, again after them")
+    ap.add_argument("--disk-rate-gib", type=float, default=8.0,
+                    help="bytes for each store's own rate (scaled, min 1), measured before the rows "
+                         "and, for a disk, again after them")
     ap.add_argument("--no-pretouch", action="store_true",
                     help="leave a fresh machine's first touch of its memory to the first row (by default "
                          "each tmpfs store first gets the largest workload's size written and removed)")

@@ -14,7 +14,7 @@ With thousands of small allocations that, not the bytes, bounds the tool: checkp
   N threads                     the same calls on N threads (does the driver run them in parallel?)
   one reservation per group     address space reserved once for --group allocations side by side,
                                 each imported and mapped into it, access set once over the group
-                                (2 driver calls per allocation instead of 4, and 3 instead of 3 out)
+                                (2 driver calls per allocation in instead of 4, 2 out instead of 3)
 
 Each way's mappings are checked: every allocation's first bytes, written through the owner's own
 mapping, read back through the tool's ("ok" / "WRONG"). Prints a table: seconds to open and to
