@@ -34,18 +34,6 @@ from criu_gpushare.gpu import driver as drv, memory  # noqa: E402
 DEVICE = 0
 
 
-def access_desc(cu, device):
-    desc = cu.CUmemAccessDesc()
-    desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    desc.location.id = device
-    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-    return desc
-
-
-def fd_type(cu):
-    return cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-
-
 class Owner:
     """The workload's side: `count` allocations of `size`, each mapped here with its first 4 bytes
     set to a value of its own, and exported as an fd once."""
@@ -56,17 +44,18 @@ class Owner:
         prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
         prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = DEVICE
-        prop.requestedHandleTypes = fd_type(cu)
+        prop.requestedHandleTypes = memory.fd_handle_type()
         self.size, self.handles, self.ptrs, self.fds = size, [], [], []
         for i in range(count):
             handle = drv.check(cu.cuMemCreate(size, prop, 0), f"create allocation {i}")
             self.handles.append(handle)
             ptr = drv.check(cu.cuMemAddressReserve(size, 0, 0, 0), "reserve")
             drv.check(cu.cuMemMap(ptr, size, 0, handle, 0), "map")
-            drv.check(cu.cuMemSetAccess(ptr, size, [access_desc(cu, DEVICE)], 1), "set access")
+            memory.set_read_write(ptr, size, DEVICE)
             self.ptrs.append(ptr)
             drv.check(cu.cuMemsetD32(ptr, self.mark(i), 1), "mark")
-            self.fds.append(drv.check(cu.cuMemExportToShareableHandle(handle, fd_type(cu), 0), "export"))
+            self.fds.append(drv.check(cu.cuMemExportToShareableHandle(handle, memory.fd_handle_type(), 0),
+                                      "export"))
         drv.check(cu.cuCtxSynchronize(), "mark")
 
     @staticmethod
@@ -108,7 +97,6 @@ def one_at_a_time(owner, _):
 
 def on_threads(owner, threads):
     with concurrent.futures.ThreadPoolExecutor(threads) as pool:
-        pool.map(memory.use_device, [DEVICE] * threads)  # contexts current first: not timed
         t = time.monotonic()
         mems = list(pool.map(lambda fd: memory.ImportedAllocation(fd, owner.size, DEVICE), owner.fds))
         opened = time.monotonic() - t
@@ -129,10 +117,10 @@ def grouped(owner, group):
         base = int(drv.check(cu.cuMemAddressReserve(size * len(fds), 0, 0, 0), "reserve a group"))
         handles = []
         for k, fd in enumerate(fds):
-            handles.append(drv.check(cu.cuMemImportFromShareableHandle(fd, fd_type(cu)), "import"))
+            handles.append(drv.check(cu.cuMemImportFromShareableHandle(fd, memory.fd_handle_type()), "import"))
             drv.check(cu.cuMemMap(base + k * size, size, 0, handles[-1], 0), "map into the group")
             ptrs.append(base + k * size)
-        drv.check(cu.cuMemSetAccess(base, size * len(fds), [access_desc(cu, DEVICE)], 1), "set access")
+        memory.set_read_write(base, size * len(fds), DEVICE)
         groups.append((base, handles))
     opened = time.monotonic() - t
     verdict = check(ptrs)

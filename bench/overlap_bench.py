@@ -42,7 +42,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from criu_gpushare.gpu import checkpoint_api as ck, driver as drv  # noqa: E402
-from criu_gpushare.gpu.memory import ImportedAllocation, PinnedBuffer, use_device  # noqa: E402
+from criu_gpushare.gpu.memory import (  # noqa: E402
+    ImportedAllocation, PinnedBuffer, fd_handle_type, set_read_write, use_device)
 
 CHUNK = 64 << 20
 SLOTS = 16
@@ -50,18 +51,6 @@ SLOTS = 16
 
 def pattern(i):
     return (0x5A000001 + i * 0x01010101) & 0xFFFFFFFF
-
-
-def _fd_type(cu):
-    return cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-
-
-def _access(cu, ptr, size, device):
-    desc = cu.CUmemAccessDesc()
-    desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    desc.location.id = device
-    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-    drv.check(cu.cuMemSetAccess(ptr, size, [desc], 1), "set access")
 
 
 def _words(cu, ptr, size):
@@ -86,15 +75,15 @@ def owner(sock_path, size, device):
     prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
     prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
     prop.location.id = device
-    prop.requestedHandleTypes = _fd_type(cu)
+    prop.requestedHandleTypes = fd_handle_type()
     handle = drv.check(cu.cuMemCreate(size, prop, 0), "cuMemCreate")
     va = int(drv.check(cu.cuMemAddressReserve(size, 0, 0, 0), "reserve"))
     drv.check(cu.cuMemMap(va, size, 0, handle, 0), "map")
-    _access(cu, va, size, device)
+    set_read_write(va, size, device)
     for i in range(size // CHUNK):
         drv.check(cu.cuMemsetD32(va + i * CHUNK, pattern(i), CHUNK // 4), "memset")
     drv.check(cu.cuCtxSynchronize(), "sync")
-    fd = drv.check(cu.cuMemExportToShareableHandle(handle, _fd_type(cu), 0), "export")
+    fd = drv.check(cu.cuMemExportToShareableHandle(handle, fd_handle_type(), 0), "export")
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(sock_path)
     socket.send_fds(conn, [b"fd"], [fd])
@@ -111,9 +100,9 @@ def owner(sock_path, size, device):
         elif cmd in ("adopt", "adopt the kept fd"):
             try:
                 h = drv.check(cu.cuMemImportFromShareableHandle(fds[0] if cmd == "adopt" else fd,
-                                                                _fd_type(cu)), "import")
+                                                                fd_handle_type()), "import")
                 drv.check(cu.cuMemMap(va, size, 0, h, 0), "map at the old address")
-                _access(cu, va, size, device)
+                set_read_write(va, size, device)
                 good = _words(cu, va, size) == [(pattern(i), pattern(i)) for i in range(size // CHUNK)]
                 conn.sendall(b"adopted, contents " + (b"intact" if good else b"WRONG"))
             except Exception as e:  # noqa: BLE001 - reported to the bench
@@ -258,7 +247,7 @@ def scenario(name, size, device, workdir, ring, streams):
                 row["owner adopts it"] = own.ask("adopt the kept fd")
             elif name == "beside":
                 try:
-                    fd = drv.check(cu.cuMemExportToShareableHandle(mem.handle, _fd_type(cu), 0),
+                    fd = drv.check(cu.cuMemExportToShareableHandle(mem.handle, fd_handle_type(), 0),
                                    "export the import again")
                     row["owner adopts it"] = own.ask("adopt", [fd])
                     os.close(fd)

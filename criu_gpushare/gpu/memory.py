@@ -21,9 +21,21 @@ _contexts = {}
 _contexts_lock = threading.Lock()
 
 
-def _fd_handle_type():
+def fd_handle_type():
+    """The shareable handle type of the memory the shims export: a POSIX fd."""
     cu = drv.driver()
     return cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+
+
+def set_read_write(ptr, size, device):
+    """Read-write access from `device` to the mapped range [ptr, ptr + size) (one mapping or
+    several side by side)."""
+    cu = drv.driver()
+    desc = cu.CUmemAccessDesc()
+    desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    desc.location.id = device
+    desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    drv.check(cu.cuMemSetAccess(ptr, size, [desc], 1), "set access to the imported memory")
 
 
 def use_device(ordinal):
@@ -81,17 +93,13 @@ class ImportedAllocation:
         cu = drv.driver()
         use_device(device)
         self.size, self.device = size, device
-        self.handle = drv.check(cu.cuMemImportFromShareableHandle(fd, _fd_handle_type()),
+        self.handle = drv.check(cu.cuMemImportFromShareableHandle(fd, fd_handle_type()),
                                 f"import fd {fd} ({size} bytes) on GPU {device}")
         try:
             self.ptr = drv.check(cu.cuMemAddressReserve(size, 0, 0, 0), f"reserve {size} bytes of VA")
             try:
                 drv.check(cu.cuMemMap(self.ptr, size, 0, self.handle, 0), "map the imported memory")
-                desc = cu.CUmemAccessDesc()
-                desc.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-                desc.location.id = device
-                desc.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-                drv.check(cu.cuMemSetAccess(self.ptr, size, [desc], 1), "set access to the imported memory")
+                set_read_write(self.ptr, size, device)
             except BaseException:
                 cu.cuMemUnmap(self.ptr, size)
                 cu.cuMemAddressFree(self.ptr, size)
