@@ -32,7 +32,8 @@ GIB = 1 << 30
 
 if os.path.join(REPO, "tests") not in sys.path:  # the process helpers the tests use too
     sys.path.insert(0, os.path.join(REPO, "tests"))
-from procs import become_subreaper, reap_children  # noqa: E402,F401  (become_subreaper: bl.*)
+from procs import (become_subreaper, named_semaphores, reap_children,  # noqa: E402,F401  (become_subreaper: bl.*)
+                   unlink_existing)
 
 
 # ----------------------------------------------------------------------------------------- rows
@@ -528,7 +529,9 @@ class Workload:
             time.sleep(0.02)
 
     def kill(self):
-        """SIGKILL every process of the workload (a process stuck CHECKPOINTED only dies so)."""
+        """SIGKILL every process of the workload (a process stuck CHECKPOINTED only dies so), and
+        unlink the named semaphores its multiprocessing tree leaves behind."""
+        semaphores = named_semaphores(self.pids)
         for pid in self.pids + ([self.proc.pid] if self.proc else []):
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -545,6 +548,7 @@ class Workload:
             if time.monotonic() > deadline:
                 break
             time.sleep(0.1)
+        unlink_existing(semaphores)
 
 
 def _state(pid):

@@ -1,5 +1,6 @@
-"""Process helpers the tests and the bench share: the subreaper role and reaping for CRIU trees, and
-helper processes that announce themselves with a JSON hello line."""
+"""Process helpers the tests and the bench share: the subreaper role and reaping for CRIU trees, the
+named semaphores a killed tree leaves behind, and helper processes that announce themselves with a
+JSON hello line."""
 import ctypes
 import json
 import os
@@ -25,6 +26,37 @@ def reap_children():
     except ChildProcessError:
         return False
     return True
+
+
+def named_semaphores(pids):
+    """The POSIX named semaphores (/dev/shm/sem.*) the processes have mapped, by path. A tree started
+    with multiprocessing's spawn keeps its queues' and events' semaphores linked while it runs and
+    leaves their unlinking to its resource tracker, which a SIGKILL of the whole tree ends too:
+    take these before such a kill, and unlink_existing() them after it. Found by inode, not by the
+    paths in the maps: sem_open maps a temporary file and then links it under the semaphore's name,
+    so its creator, and every process of a tree CRIU restored, maps a name that is gone."""
+    inodes = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue  # gone already: what it mapped is mapped by the others, or by nobody
+        for line in lines:
+            fields = line.split(maxsplit=5)
+            if len(fields) == 6 and fields[5].startswith("/dev/shm/sem."):
+                inodes.add(int(fields[4]))
+    if not inodes:
+        return []
+    return sorted(e.path for e in os.scandir("/dev/shm") if e.name.startswith("sem.") and e.inode() in inodes)
+
+
+def unlink_existing(paths):
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
 
 
 class ReadyProcesses:

@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -79,19 +80,45 @@ class ServingTree:
                 return
             time.sleep(0.05)
 
-    def kill_group(self):
+    def kill_group(self, sig=signal.SIGKILL):
         try:
-            os.killpg(self.proc.pid, 9)
+            os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
 
-    def kill(self):
-        self.kill_group()
-        for pid in getattr(self, "pids", []):
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
+    def kill(self, grace=10):
+        """Ends the tree: SIGTERM, then SIGKILL whatever is left after grace seconds. SIGTERM first
+        because multiprocessing's resource tracker ignores it: it outlives the others and then
+        unlinks the tree's named semaphores (/dev/shm/sem.mp-*), which a SIGKILL of the whole tree
+        would leave behind for good."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            self.kill_group(sig)
+            for pid in getattr(self, "pids", []):  # the workers are not in the API's group alone
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + grace
+            while self._alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if not self._alive():
+                return
+
+    def _alive(self):
+        """Whether a process of the tree is left, once its zombies are reaped (this process is their
+        subreaper)."""
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
+        except ChildProcessError:
+            pass
+        if any(os.path.exists(f"/proc/{pid}") for pid in getattr(self, "pids", [])):
+            return True
+        try:
+            os.killpg(self.proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
 
 
 class Traffic(threading.Thread):

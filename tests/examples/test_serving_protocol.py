@@ -16,6 +16,7 @@ import pytest
 SERVING = Path(__file__).resolve().parents[2] / "examples" / "serving"
 sys.path.insert(0, str(SERVING))
 
+from procs import named_semaphores, unlink_existing  # noqa: E402
 from protocol import (MAX_LINE, MAX_TOKENS, VOCAB, BadRequest, parse_request,  # noqa: E402
                       read_answer, same_answer)
 
@@ -88,6 +89,7 @@ class CpuTree:
                 return read_answer(f.readline())
 
     def kill(self):
+        semaphores = named_semaphores(self.pids)  # the killed tree's resource tracker unlinks none
         for pid in self.pids:  # the workers are not in the API's process group alone
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -98,6 +100,7 @@ class CpuTree:
         except ProcessLookupError:
             pass
         self.proc.wait(timeout=30)
+        unlink_existing(semaphores)
 
 
 @pytest.fixture
@@ -125,3 +128,12 @@ def test_the_same_request_gets_the_same_answer_from_the_worker_it_is_routed_to(c
     assert {a["worker"] for a in first} == {0, 1}
     again = [cpu_tree.send(json.dumps({"tokens": t}).encode() + b"\n") for t in reversed(requests)][::-1]
     assert again == first
+
+
+def test_the_tree_ended_leaves_none_of_its_named_semaphores(cpu_tree):
+    """The tests kill their trees with SIGKILL, the resource tracker with them: what it would have
+    unlinked is unlinked after the kill, so that runs leave /dev/shm as they found it."""
+    semaphores = named_semaphores(cpu_tree.pids)
+    assert semaphores and all(os.path.exists(s) for s in semaphores), semaphores
+    cpu_tree.kill()
+    assert not [s for s in semaphores if os.path.exists(s)]

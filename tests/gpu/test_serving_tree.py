@@ -1,7 +1,8 @@
 """The serving-shaped tree of examples/serving (an API without CUDA, an engine, two torch workers
 sharing weights by CUDA IPC, each with a KV block pool and a CUDA graph, multiprocessing queues
 between them) dumped under traffic and restored, through the wrapper and through the hook: every
-request gets the answer it got before the dump."""
+request gets the answer it got before the dump, and ending the restored tree leaves none of its
+named semaphores in /dev/shm."""
 import os
 import shutil
 import sys
@@ -14,6 +15,7 @@ sys.path.insert(0, str(REPO / "examples" / "serving"))
 
 import demo  # noqa: E402
 from probe_harness import record  # noqa: E402
+from procs import named_semaphores  # noqa: E402
 
 
 def _maps_libcuda(pid):
@@ -44,6 +46,10 @@ def test_serving_tree_under_traffic(door, tmp_path, criu_bin, torch_available):
         assert not _maps_libcuda(tree.pids[0]), "the restored API loaded CUDA"
         record("serving_tree", door=door, dump_s=round(dump_s, 2), restore_s=round(restore_s, 2),
                answered_during=traffic.ok, cut=traffic.failed)
+        semaphores = named_semaphores(tree.pids)
+        assert semaphores, "the tree maps no named semaphore: nothing below would be checked"
+        tree.kill()
+        assert not [s for s in semaphores if os.path.exists(s)], "ending the tree left its semaphores"
     finally:
         tree.kill()
         shutil.rmtree(env["CRIU_GPUSHARE_STORE"], ignore_errors=True)
