@@ -6,7 +6,10 @@
   - a torch.multiprocessing pair that shares a CUDA tensor and talks over queues (deleted
     /dev/shm/sem.* files: CRIU's link-remap); 5 cycles through each door;
   - 20 consecutive hook cycles of that pair with its fds, RSS, threads, /dev/shm files and the
-    store's size recorded each cycle, and flat.
+    store's size recorded each cycle, and flat;
+  - a CuPy process on each of its pools (cudaMalloc underneath, and cudaMallocAsync's stream-ordered
+    pool), and a torch process with three CUDA graphs (one in a private pool): each check after a
+    restore launches kernels, and allocates and frees from the pool or replays the graphs.
 Workloads come from bench/workloads (one library for the bench and the tests). Every cycle checks
 the GPU contents against those before the first dump.
 """
@@ -149,6 +152,22 @@ def torch_pair(tmp_path):
     tree.close()
 
 
+@pytest.fixture(params=["default", "async"])
+def cupy_tree(request, tmp_path):
+    pytest.importorskip("cupy", reason="cupy is not installed")
+    tree = Tree(tmp_path, f"cupy-{request.param}", "cupy_blocks.py", ["--gib", "2", "--pool", request.param])
+    yield tree
+    tree.close()
+
+
+@pytest.fixture
+def graphs_tree(tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed")
+    tree = Tree(tmp_path, "graphs", "graphs.py", [])
+    yield tree
+    tree.close()
+
+
 def _busy(tree):
     """XLA launches just before the dump: its threads have work in flight."""
     for _ in range(5):
@@ -194,3 +213,25 @@ def test_twenty_hook_cycles_leave_resources_flat(torch_pair, criu_bin):
     assert last["shm_files"] <= first["shm_files"], (first, last)
     assert last["rss_mib"] <= first["rss_mib"] * 1.10 + 64, (first, last)
     assert last["store_mib"] <= first["store_mib"] * 1.05 + 64, (first, last)
+
+
+def test_cupy_on_each_pool_through_the_wrapper(cupy_tree, criu_bin):
+    for _ in range(2):
+        cupy_tree.wrapper_cycle()
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_cupy_on_each_pool_through_the_hook(cupy_tree, criu_bin):
+    for _ in range(2):
+        cupy_tree.hook_cycle(criu_bin)
+
+
+def test_cuda_graphs_replay_the_same_after_the_wrapper(graphs_tree, criu_bin):
+    for _ in range(2):
+        graphs_tree.wrapper_cycle()
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_cuda_graphs_replay_the_same_after_the_hook(graphs_tree, criu_bin):
+    for _ in range(2):
+        graphs_tree.hook_cycle(criu_bin)
