@@ -8,8 +8,10 @@
   - 20 consecutive hook cycles of that pair with its fds, RSS, threads, /dev/shm files and the
     store's size recorded each cycle, and flat;
   - a CuPy process on each of its pools (cudaMalloc underneath, and cudaMallocAsync's stream-ordered
-    pool), and a torch process with three CUDA graphs (one in a private pool): each check after a
-    restore launches kernels, and allocates and frees from the pool or replays the graphs.
+    pool), a torch process with three CUDA graphs (one in a private pool), and a process running a
+    Triton kernel: each check after a restore launches kernels, and allocates and frees from the
+    pool, replays the graphs, or runs the kernel compiled before the dump; after each restore
+    Triton also compiles and loads a kernel it had not run before.
 Workloads come from bench/workloads (one library for the bench and the tests). Every cycle checks
 the GPU contents against those before the first dump.
 """
@@ -168,6 +170,15 @@ def graphs_tree(tmp_path):
     tree.close()
 
 
+@pytest.fixture
+def triton_tree(tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed")
+    pytest.importorskip("triton", reason="triton is not installed")
+    tree = Tree(tmp_path, "triton", "triton_kernel.py", ["--gib", "1"])
+    yield tree
+    tree.close()
+
+
 def _busy(tree):
     """XLA launches just before the dump: its threads have work in flight."""
     for _ in range(5):
@@ -235,3 +246,21 @@ def test_cuda_graphs_replay_the_same_after_the_wrapper(graphs_tree, criu_bin):
 def test_cuda_graphs_replay_the_same_after_the_hook(graphs_tree, criu_bin):
     for _ in range(2):
         graphs_tree.hook_cycle(criu_bin)
+
+
+def _compiles_after_restore(tree, block):
+    reply = tree.wl.ask(f"compile {block}")
+    assert reply["ok"], f"cycle {tree.cycle}: a kernel compiled after the restore (block {block}): {reply}"
+
+
+def test_triton_kernels_after_the_wrapper(triton_tree, criu_bin):
+    for block in (128, 256):
+        triton_tree.wrapper_cycle()
+        _compiles_after_restore(triton_tree, block)
+
+
+@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
+def test_triton_kernels_after_the_hook(triton_tree, criu_bin):
+    for block in (512, 2048):
+        triton_tree.hook_cycle(criu_bin)
+        _compiles_after_restore(triton_tree, block)
