@@ -79,6 +79,9 @@ class Tree:
         self._after(images, dump_s, time.monotonic() - t0, "wrapper",
                     out_parts=_parts(out.phases()), back_parts=_parts(back.phases()))
 
+    def dump_and_restore(self, door, criu):
+        self.wrapper_cycle() if door == "wrapper" else self.hook_cycle(criu)
+
     def hook_cycle(self, criu):
         images = self.images()
         root = self.wl.pids[0]
@@ -226,41 +229,25 @@ def test_twenty_hook_cycles_leave_resources_flat(torch_pair, criu_bin):
     assert last["store_mib"] <= first["store_mib"] * 1.05 + 64, (first, last)
 
 
-def test_cupy_on_each_pool_through_the_wrapper(cupy_tree, criu_bin):
+DOORS = ["wrapper", pytest.param("hook", marks=pytest.mark.skipif(
+    HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)"))]
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_cupy_on_each_pool(cupy_tree, door, criu_bin):
     for _ in range(2):
-        cupy_tree.wrapper_cycle()
+        cupy_tree.dump_and_restore(door, criu_bin)
 
 
-@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
-def test_cupy_on_each_pool_through_the_hook(cupy_tree, criu_bin):
+@pytest.mark.parametrize("door", DOORS)
+def test_cuda_graphs_replay_the_same(graphs_tree, door, criu_bin):
     for _ in range(2):
-        cupy_tree.hook_cycle(criu_bin)
+        graphs_tree.dump_and_restore(door, criu_bin)
 
 
-def test_cuda_graphs_replay_the_same_after_the_wrapper(graphs_tree, criu_bin):
-    for _ in range(2):
-        graphs_tree.wrapper_cycle()
-
-
-@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
-def test_cuda_graphs_replay_the_same_after_the_hook(graphs_tree, criu_bin):
-    for _ in range(2):
-        graphs_tree.hook_cycle(criu_bin)
-
-
-def _compiles_after_restore(tree, block):
-    reply = tree.wl.ask(f"compile {block}")
-    assert reply["ok"], f"cycle {tree.cycle}: a kernel compiled after the restore (block {block}): {reply}"
-
-
-def test_triton_kernels_after_the_wrapper(triton_tree, criu_bin):
-    for block in (128, 256):
-        triton_tree.wrapper_cycle()
-        _compiles_after_restore(triton_tree, block)
-
-
-@pytest.mark.skipif(HOOK is None, reason="criu-gpushare-hook is not on PATH (package not installed)")
-def test_triton_kernels_after_the_hook(triton_tree, criu_bin):
-    for block in (512, 2048):
-        triton_tree.hook_cycle(criu_bin)
-        _compiles_after_restore(triton_tree, block)
+@pytest.mark.parametrize("door", DOORS)
+def test_triton_kernels_run_and_compile_after_each_restore(triton_tree, door, criu_bin):
+    for block in (128, 256) if door == "wrapper" else (512, 2048):  # each one new to the process
+        triton_tree.dump_and_restore(door, criu_bin)
+        reply = triton_tree.wl.ask(f"compile {block}")
+        assert reply["ok"], f"cycle {triton_tree.cycle}: a kernel compiled after the restore (block {block}): {reply}"
