@@ -2,6 +2,7 @@
 test extra) on 127.0.0.1 only, free ports, its data in a temp directory, one access key. Started
 once per test session (tests/conftest.py, fixture s3_server); stop() and start() again keep the
 data (the "server gone mid-restore" tests)."""
+import glob
 import json
 import os
 import shutil
@@ -71,14 +72,14 @@ class S3Server:
         gateway, so that a client sees the server gone and start() brings it back in a second
         (a restarted master takes half a minute to elect itself)."""
         if self.backend is None:
-            args = [weed_binary(), "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            args = [weed_binary(), "-logtostderr", "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                     f"-dir={self.data}", "-master.telemetry=false", "-master.volumeSizeLimitMB=256",
                     "-volume.max=0", "-volume.preStopSeconds=0", "-filer"]
             for name, port in (("master", self.master), ("volume", self.volume),
                                ("filer", self.filer)):
                 args += [f"-{name}.port={port}", f"-{name}.port.grpc={port + 10000}"]
             self.backend = self._spawn(args)
-        self.proc = self._spawn([weed_binary(), "s3", f"-filer=127.0.0.1:{self.filer}",
+        self.proc = self._spawn([weed_binary(), "-logtostderr", "s3", f"-filer=127.0.0.1:{self.filer}",
                                  "-ip.bind=127.0.0.1", f"-port={self.s3}",
                                  f"-port.grpc={self.s3 + 10000}", f"-config={self.config}",
                                  "-port.iceberg=0", "-port.lance=0"])
@@ -132,6 +133,14 @@ class S3Server:
         self.stop()
         _end(self.backend)
         self.backend = None
+        # weed's unix sockets for local gRPC go to /tmp whatever its flags, named by port, and
+        # not all are removed at its exit (its logs go to self.log: -logtostderr)
+        for port in (self.master, self.volume, self.filer, self.s3):
+            for path in glob.glob(f"/tmp/seaweedfs-*-{port}.sock") + glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock"):
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
 
     def client(self):
         import boto3
