@@ -32,8 +32,8 @@ GIB = 1 << 30
 
 if os.path.join(REPO, "tests") not in sys.path:  # the process helpers the tests use too
     sys.path.insert(0, os.path.join(REPO, "tests"))
-from procs import (become_subreaper, named_semaphores, reap_children,  # noqa: E402,F401  (become_subreaper: bl.*)
-                   unlink_existing)
+from procs import become_subreaper, reap_children  # noqa: E402,F401  (become_subreaper: bl.*)
+from procs import named_semaphores, unlink_existing  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------- rows
