@@ -33,7 +33,7 @@ GIB = 1 << 30
 if os.path.join(REPO, "tests") not in sys.path:  # the process helpers the tests use too
     sys.path.insert(0, os.path.join(REPO, "tests"))
 from procs import become_subreaper, reap_children  # noqa: E402,F401  (become_subreaper: bl.*)
-from procs import named_semaphores, unlink_existing  # noqa: E402
+from procs import semaphores_unlinked  # noqa: E402
 
 
 # ----------------------------------------------------------------------------------------- rows
@@ -531,24 +531,23 @@ class Workload:
     def kill(self):
         """SIGKILL every process of the workload (a process stuck CHECKPOINTED only dies so), and
         unlink the named semaphores its multiprocessing tree leaves behind."""
-        semaphores = named_semaphores(self.pids)
-        for pid in self.pids + ([self.proc.pid] if self.proc else []):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if self.proc is not None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            self.reap(30)
-        deadline = time.monotonic() + 30
-        while any(os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None) for p in self.pids):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        unlink_existing(semaphores)
+        with semaphores_unlinked(self.pids):
+            for pid in self.pids + ([self.proc.pid] if self.proc else []):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if self.proc is not None:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                self.reap(30)
+            deadline = time.monotonic() + 30
+            while any(os.path.exists(f"/proc/{p}") and _state(p) not in ("Z", "X", None) for p in self.pids):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
 
 
 def _state(pid):

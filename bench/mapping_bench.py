@@ -173,8 +173,8 @@ def main():
             print(f"{name:<32} {'-':>7} {'-':>8} {'-':>9} {'-':>6}  {verdict}")
             continue
         both = opened + closed
-        print(f"{name:<32} {opened:7.3f} {closed:8.3f} {1e6 * both / args.count:9.0f} "
-              f"{base / both if both else 0:5.1f}x  {verdict}")
+        ratio = f"{base / both:5.1f}x" if base and both else f"{'-':>6}"  # against a failed way: none
+        print(f"{name:<32} {opened:7.3f} {closed:8.3f} {1e6 * both / args.count:9.0f} {ratio}  {verdict}")
     return 0 if all(r[3] == "ok" for r in rows) else 1
 
 

@@ -1,6 +1,7 @@
 """Process helpers the tests and the bench share: the subreaper role and reaping for CRIU trees, the
 named semaphores a killed tree leaves behind, and helper processes that announce themselves with a
 JSON hello line."""
+import contextlib
 import ctypes
 import json
 import os
@@ -29,12 +30,10 @@ def reap_children():
 
 
 def named_semaphores(pids):
-    """The POSIX named semaphores (/dev/shm/sem.*) the processes have mapped, by path. A tree started
-    with multiprocessing's spawn keeps its queues' and events' semaphores linked while it runs and
-    leaves their unlinking to its resource tracker, which a SIGKILL of the whole tree ends too:
-    take these before such a kill, and unlink_existing() them after it. Found by inode, not by the
-    paths in the maps: sem_open maps a temporary file and then links it under the semaphore's name,
-    so its creator, and every process of a tree CRIU restored, maps a name that is gone."""
+    """The POSIX named semaphores (/dev/shm/sem.*) the processes have mapped, by path. Found by
+    inode, not by the paths in the maps: sem_open maps a temporary file and then links it under the
+    semaphore's name, so its creator, and every process of a tree CRIU restored, maps a name that
+    is gone."""
     inodes = set()
     for pid in pids:
         try:
@@ -51,7 +50,13 @@ def named_semaphores(pids):
     return sorted(e.path for e in os.scandir("/dev/shm") if e.name.startswith("sem.") and e.inode() in inodes)
 
 
-def unlink_existing(paths):
+@contextlib.contextmanager
+def semaphores_unlinked(pids):
+    """Around a SIGKILL of a whole tree: its named semaphores, taken before, unlinked after. A tree
+    started with multiprocessing's spawn keeps its queues' and events' semaphores linked while it
+    runs and leaves their unlinking to its resource tracker, which such a kill ends too."""
+    paths = named_semaphores(pids)
+    yield
     for path in paths:
         try:
             os.unlink(path)

@@ -16,7 +16,7 @@ import pytest
 SERVING = Path(__file__).resolve().parents[2] / "examples" / "serving"
 sys.path.insert(0, str(SERVING))
 
-from procs import named_semaphores, unlink_existing  # noqa: E402
+from procs import named_semaphores, semaphores_unlinked  # noqa: E402
 from protocol import (MAX_LINE, MAX_TOKENS, VOCAB, BadRequest, parse_request,  # noqa: E402
                       read_answer, same_answer)
 
@@ -89,18 +89,17 @@ class CpuTree:
                 return read_answer(f.readline())
 
     def kill(self):
-        semaphores = named_semaphores(self.pids)  # the killed tree's resource tracker unlinks none
-        for pid in self.pids:  # the workers are not in the API's process group alone
+        with semaphores_unlinked(self.pids):  # the killed tree's resource tracker unlinks none
+            for pid in self.pids:  # the workers are not in the API's process group alone
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=30)
-        unlink_existing(semaphores)
+            self.proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -37,7 +37,8 @@ def test_wrapper_dump_then_restore(env, tree, tmp_path):
     # where the time went, CRIU's part included, adds up to the whole command
     assert_phases_cover(r, wall, "tool start", "discover", "criu start; gpu out: other", "save", "record",
                         "save: fds from the shims", "save: open memory (import, map)",
-                        "save: GPU start (context, stream, hasher)", "save: pin the ring", "store commit (sync, manifest, ref)", "checkpoint",
+                        "save: GPU start (context, stream, hasher)", "save: pin the ring",
+                        "store commit (sync, manifest, ref)", "checkpoint",
                         "criu dump (freeze, memory, images)", "sync: store and image (post-dump)", "criu finish")
     parent.wait(10)
     reap([a.pid, b.pid])
