@@ -110,13 +110,16 @@ def device_shares(rows, rates, after=None):
     against the device's write rate, back against its read rate): lines for the table, and the
     shares in row.extra (out_pct_of_device, back_pct_of_device) for the JSON. `after`: the same
     device's rate measured again once the rows were done (a cloud disk's rate drifts within one
-    run), each row then set against both (out_pct_of_device_after, back_pct_of_device_after)."""
+    run), each row then set against both (out_pct_of_device_after, back_pct_of_device_after); and
+    against the rate measured just before the row where it was (row.extra["rate_beside"]:
+    out_pct_of_device_beside, back_pct_of_device_beside)."""
     lines = []
     for r in rows:
         rate = rates.get(r.store) or {}
         if "write_gbps" not in rate or not (r.out_s or r.back_s):
             continue
         again = (after or {}).get(r.store) or {}
+        beside = r.extra.get("rate_beside") or {}
         parts = []
         for way, secs, key in (("out", r.out_s, "write_gbps"), ("back", r.back_s, "read_gbps")):
             gbps = r.gbps(secs)
@@ -129,6 +132,10 @@ def device_shares(rows, rates, after=None):
                 pct_after = 100 * gbps / again[key]
                 r.extra[f"{way}_pct_of_device_after"] = round(pct_after, 1)
                 part += f" before the rows, {pct_after:.0f}% of {again[key]:.2f} after them"
+            if beside.get(key):
+                pct_beside = 100 * gbps / beside[key]
+                r.extra[f"{way}_pct_of_device_beside"] = round(pct_beside, 1)
+                part += f", {pct_beside:.0f}% of {beside[key]:.2f} just before the row"
             parts.append(part)
         if parts:
             lines.append(f"  {r.workload}/{r.path}/{r.store}: " + "; ".join(parts))

@@ -102,6 +102,10 @@ def parse_args(argv=None):
     ap.add_argument("--disk-rate-gib", type=float, default=8.0,
                     help="bytes for each store's own rate (scaled, min 1), measured before the rows "
                          "and, for a disk, again after them")
+    ap.add_argument("--disk-rate-beside-gib", type=float, default=2.0,
+                    help="bytes (scaled, min 0.5; 0: none) of a disk store's own rate measured again "
+                         "just before each of its rows, the yardstick nearest the row (a cloud disk's "
+                         "rate drifts within one run)")
     ap.add_argument("--no-pretouch", action="store_true",
                     help="leave a fresh machine's first touch of its memory to the first row (by default "
                          "each tmpfs store first gets the largest workload's size written and removed)")
@@ -210,6 +214,18 @@ class Bench:
         free = bl.free_bytes(target_dir)
         return free > need * 1.1 + (2 << 30), free
 
+    def rate_beside(self, row, tdir):
+        """A disk store's own rate measured just before its row -> row.extra["rate_beside"]: the
+        rate before all rows and the one after them can differ by a fifth on a cloud disk, and a
+        row is fairest judged against the disk it met. Memory stores' rates do not drift."""
+        gib = self.args.disk_rate_beside_gib
+        if gib <= 0 or row.store.startswith("tmpfs"):
+            return
+        try:
+            row.extra["rate_beside"] = bl.disk_rate(tdir, int(max(0.5, gib * self.args.scale) * bl.GIB))
+        except OSError as e:
+            self.log(f"{row.workload}/{row.path}/{row.store}: own rate beside the row not measured ({e})")
+
     def run_workload(self, name, spec):
         a = self.args
         wl = None
@@ -228,6 +244,7 @@ class Bench:
                     for path in measured:  # the second finds every chunk stored
                         wl = self.ensure(wl, name, spec)
                         row = Row(name, path, target, wl.bytes)
+                        self.rate_beside(row, tdir)
                         if not bl.tool_cycle(row, wl, ["suspend", *wl.pids, "--store", store],
                                              ["resume", wl.pids[0]], self.env, a.call_timeout):
                             wl.kill()  # whatever state it is in, the next row starts afresh
@@ -359,6 +376,7 @@ class Bench:
                         self.precheck(row, store, cold=row.path == "criu-cold")
                     return why
 
+                self.rate_beside(row, tdir)
                 ok = bl.tool_cycle(row, wl, ["dump", wl.pids[0], images, "--store", store],
                                    ["restore", images, "--store", store], self.env,
                                    self.args.call_timeout, between=between)

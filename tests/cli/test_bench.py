@@ -293,6 +293,38 @@ def test_disk_rows_are_also_set_against_the_rate_measured_after_them():
     assert "single/criu/tmpfs: out 4.00 GB/s = 50% of its write 8.00; back" in text, text
 
 
+def test_disk_rows_are_also_set_against_the_rate_measured_just_before_each():
+    row = bl.Row("single", "criu", "disk", 4 * 10**9, out_s=2.0, back_s=4.0, check="ok")
+    row.extra["rate_beside"] = {"write_gbps": 2.5, "read_gbps": 1.0, "direct": True}
+    text = bl.device_shares([row], {"disk": {"write_gbps": 2.0, "read_gbps": 2.0, "direct": True}},
+                            {"disk": {"write_gbps": 1.6, "read_gbps": 1.6, "direct": True}})
+    assert ("single/criu/disk: out 2.00 GB/s = 100% of its write 2.00 before the rows, 125% of 1.60 after "
+            "them, 80% of 2.50 just before the row; back 1.00 GB/s = 50% of its read 2.00 before the rows, "
+            "62% of 1.60 after them, 100% of 1.00 just before the row") in text, text
+    assert row.extra["out_pct_of_device_beside"] == 80.0 and row.extra["back_pct_of_device_beside"] == 100.0
+
+
+@pytest.mark.parametrize("store", ["disk", "s3", "tmpfs", "tmpfs-huge"])
+def test_a_disk_row_gets_its_store_s_rate_measured_just_before_it(store, tmp_path, monkeypatch):
+    """checkpoint_bench: the rate beside a row is measured on a disk (or the disk under s3's
+    server), scaled, and never on a memory store; --disk-rate-beside-gib 0 turns it off."""
+    import argparse
+    import checkpoint_bench as cb
+    sizes = []
+    monkeypatch.setattr(bl, "disk_rate", lambda d, size: sizes.append((d, size)) or {"write_gbps": 1.0})
+    bench = object.__new__(cb.Bench)
+    bench.args = argparse.Namespace(disk_rate_beside_gib=2.0, scale=0.1)
+    row = bl.Row("single", "criu", store, 1)
+    bench.rate_beside(row, str(tmp_path))
+    if store.startswith("tmpfs"):
+        assert sizes == [] and "rate_beside" not in row.extra
+    else:
+        assert sizes == [(str(tmp_path), bl.GIB // 2)] and row.extra["rate_beside"] == {"write_gbps": 1.0}
+    bench.args.disk_rate_beside_gib, sizes[:] = 0, []
+    bench.rate_beside(bl.Row("single", "criu", store, 1), str(tmp_path))
+    assert sizes == []
+
+
 def test_a_tool_call_that_overruns_is_bounded():
     res = bl.run_tool([], os.environ.copy(), 0.5, argv=[sys.executable, "-c", "import time; time.sleep(30)"])
     assert res.rc == 124 and not res.ok and res.why().startswith("timed out")
