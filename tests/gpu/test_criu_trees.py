@@ -80,7 +80,10 @@ class Tree:
                     out_parts=_parts(out.phases()), back_parts=_parts(back.phases()))
 
     def dump_and_restore(self, door, criu):
-        self.wrapper_cycle() if door == "wrapper" else self.hook_cycle(criu)
+        if door == "wrapper":
+            self.wrapper_cycle()
+        else:
+            self.hook_cycle(criu)
 
     def hook_cycle(self, criu):
         images = self.images()
