@@ -33,17 +33,22 @@ each row's difference from the first says what that stage costs:
                                                    the GPU: what reading alone allows
   load, no check, 32 slots and workers             twice the ring and the readers: whether the
                                                    load's reading is bound by them
-  load ahead                                       the load into a new buffer of the tool's own
+  load, chunk files in place (, no check)          the store's chunk files mapped and registered,
+                                                   copied from their own pages, no ring
+                                                   (gpu/file_pages.py: the tool's way where the
+                                                   store is on a tmpfs of huge pages); then the
+                                                   release of those pages, which the load leaves
+                                                   to a thread
+  load ahead (, chunk files in place)              the load into a new buffer of the tool's own
                                                    (gpu/staging.py: what a restore does while CRIU
                                                    restores the processes)
   device to device                                 a second copy on the GPU (what a load ahead
                                                    leaves to the load step: engine/ahead.py)
   DMA into the page cache / DMA from the page cache
-                                                   not the tool's way (yet): each chunk file mapped
-                                                   and registered with the driver, so the copy
-                                                   engine's DMA writes or reads the store's pages
-                                                   themselves, with no CPU copy and no hash: what
-                                                   saves and loads could gain that way
+                                                   each chunk file mapped, registered, copied and
+                                                   released one by one on 16 threads, written
+                                                   (new files) or read: a save that way is not
+                                                   the tool's (registering new pages is slow)
 The ring is pinned before the save and load rows (their figures leave its pinning out). Each row
 after the first save is the best of --repeat runs (default 2). Prints seconds and GB/s (10^9
 bytes/s) per row.
@@ -63,10 +68,10 @@ from unittest import mock
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from criu_gpushare.errors import DriverError  # noqa: E402
-from criu_gpushare.gpu import copy_engine as ce, driver as drv, memory  # noqa: E402
+from criu_gpushare.gpu import copy_engine as ce, driver as drv, file_pages, memory  # noqa: E402
 from criu_gpushare.gpu.fingerprint import GpuHasher  # noqa: E402
 from criu_gpushare.gpu.staging import StagedLoad  # noqa: E402
-from criu_gpushare.store import base as store_base  # noqa: E402
+from criu_gpushare.store import base as store_base, memfs  # noqa: E402
 from criu_gpushare.store.results import PutResult, PutStatus  # noqa: E402
 from criu_gpushare.store.store import Store  # noqa: E402
 
@@ -82,6 +87,7 @@ def main():
     cu = drv.driver()
     memory.use_device(0)
     rows = []
+    released = [0.0]  # seconds the last load's release of its chunk files' pages took, after it
 
     def row(name, seconds, nbytes=size):
         rows.append((name, seconds, nbytes / seconds / 1e9 if seconds and nbytes else None))
@@ -139,17 +145,19 @@ def main():
         hasher.close()
         row("GPU hasher made (module, self-test)", best(lambda: timed(made_and_closed)[0]), 0)
 
-    def loaded_ahead(allocation):
+    def loaded_ahead(allocation, in_place=False):
         """A load ahead of the whole allocation (buffer made, store read, checked): its seconds."""
-        t = time.monotonic()
-        staged = StagedLoad(lambda: [(allocation, 0)], lambda: Store.open(root)).start()
-        try:
-            staged.wait()
-            if staged.error is not None:
-                raise DriverError(f"loading ahead failed: {staged.error}")
-            return time.monotonic() - t
-        finally:
-            staged.close()
+        with mock.patch.dict(os.environ, {file_pages.ENV_SWITCH: "1" if in_place else "0"}):
+            t = time.monotonic()
+            staged = StagedLoad(lambda: [(allocation, 0)], lambda: Store.open(root)).start()
+            try:
+                staged.wait()
+                if staged.error is not None:
+                    raise DriverError(f"loading ahead failed: {staged.error}")
+                return time.monotonic() - t
+            finally:
+                staged.close()
+                file_pages.wait_released()
 
     def allocate_pieces():
         """What loading ahead makes before its first read (gpu/staging.py: one buffer per
@@ -181,10 +189,15 @@ def main():
             time.sleep(IDLE_S)
             return timed(lambda: engine.save_all(items))[0]
 
-    def load(allocation, verify, slots=16):
-        with Store.open(root) as store, ce.CopyEngine(store, ring_slots=slots, workers=slots, verify_loads=verify,
-                                                      total_bytes=size) as engine:
-            return timed(lambda: engine.load(allocation, ptr, 0))[0]
+    def load(allocation, verify, slots=16, in_place=False):
+        """A load through the ring, or (in_place) from the chunk files' own pages: its seconds;
+        the release of those pages, which a load leaves to a thread, waited for after."""
+        with mock.patch.dict(os.environ, {file_pages.ENV_SWITCH: "1" if in_place else "0"}), \
+                Store.open(root) as store, ce.CopyEngine(store, ring_slots=slots, workers=slots,
+                                                         verify_loads=verify, total_bytes=size) as engine:
+            seconds = timed(lambda: engine.load(allocation, ptr, 0))[0]
+        released[0] = timed(file_pages.wait_released)[0]
+        return seconds
 
     try:
         row("save, first", save()[0])
@@ -216,7 +229,16 @@ def main():
         with mock.patch.object(cu, "cuMemcpyHtoDAsync", lambda *a: (cu.CUresult.CUDA_SUCCESS,)):
             row("load, reads only", best(lambda: load(allocation, False)))
         row("load, no check, 32 slots and workers", best(lambda: load(allocation, False, slots=32)))
+        in_memory = memfs.pages_of(args.dir) is not None
+        if in_memory:
+            row("load, chunk files in place", best(lambda: load(allocation, True, in_place=True)))
+            row("  their pages released after the load", released[0])
+            row("load, chunk files in place, no check", best(lambda: load(allocation, False, in_place=True)))
         row("load ahead (buffer made, read, checked)", best(lambda: loaded_ahead(allocation)))
+        if in_memory:
+            row("load ahead, chunk files in place", best(lambda: loaded_ahead(allocation, in_place=True)))
+        else:
+            print(f"  load, chunk files in place: not run: {args.dir} is not in memory (tmpfs)", flush=True)
         row("load ahead's buffers made, 1 GiB each", best(allocate_pieces))
         attempt("device to device", lambda: device_to_device(ptr, size))
         with Store.open(root) as store:

@@ -15,6 +15,7 @@ import click
 from ..gpu import driver as drv
 from ..errors import CheckFailed, Error
 from ..shimctl.shimlib import shim_path, shim_version
+from ..store import memfs
 
 MIN_DRIVER = (580, 0)
 MIN_CRIU = (4, 0)
@@ -242,41 +243,7 @@ def check_store():
     return Check("store", PASS, store if probe == store else f"{store} (created on first use)")
 
 
-SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
-MOUNTINFO = "/proc/self/mountinfo"
-
-
-def _mount_of(path, mountinfo=MOUNTINFO):
-    """(mount point, file system type, super options) of the mount that holds path, or None."""
-    path = os.path.realpath(path)
-    best = None
-    with open(mountinfo) as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            fields, rest = left.split(), right.split()
-            if len(fields) < 5 or len(rest) < 3:
-                continue
-            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-            inside = path == point or path.startswith(point.rstrip("/") + "/")
-            if inside and (best is None or len(point) >= len(best[0])):  # the last mount over it wins
-                best = (point, rest[0], rest[2])
-    return best
-
-
-def _huge_pages(options, shmem_enabled):
-    """Whether the kernel gives a tmpfs with these super options 2 MiB pages as files are written:
-    shmem_enabled's choice ([force], [deny]) is for every tmpfs, else the mount's huge=always."""
-    try:
-        with open(shmem_enabled) as f:
-            chosen = re.search(r"\[(\w+)\]", f.read())
-    except OSError:
-        chosen = None
-    if chosen and chosen.group(1) in ("force", "deny"):
-        return chosen.group(1) == "force"
-    return "huge=always" in options.split(",")
-
-
-def check_store_pages(store, mountinfo=MOUNTINFO, shmem_enabled=SHMEM_ENABLED):
+def check_store_pages(store, mountinfo=memfs.MOUNTINFO, shmem_enabled=memfs.SHMEM_ENABLED):
     """[a Check] for a local store on tmpfs: whether its chunks get huge pages (saves and loads run
     faster: the kernel fills 512 times fewer pages); [] for any other store."""
     if "://" in store:
@@ -285,13 +252,13 @@ def check_store_pages(store, mountinfo=MOUNTINFO, shmem_enabled=SHMEM_ENABLED):
     while not os.path.isdir(probe):  # created on first use: where it would be
         probe = os.path.dirname(probe)
     try:
-        mount = _mount_of(probe, mountinfo)
+        mount = memfs.mount_of(probe, mountinfo)
     except OSError:
         return []
     if mount is None or mount[1] != "tmpfs":
         return []
     point, _, options = mount
-    if _huge_pages(options, shmem_enabled):
+    if memfs.tmpfs_huge_pages(options, shmem_enabled):
         return [Check("store pages", PASS, f"{store} is on a tmpfs of huge pages ({point})")]
     return [Check("store pages", WARN,
                   f"{store} is on a tmpfs of 4 KiB pages ({point}): GPU memory saves and loads run "

@@ -16,6 +16,7 @@ import os
 import threading
 
 from ..errors import ImageError
+from ..store import memfs
 from . import _pycriu
 
 GPU_DEVICE_PREFIX = "/dev/nvidia"
@@ -139,7 +140,6 @@ def _vma_kind(vma, files):
     return "other"
 
 
-_MEMORY_FILE_SYSTEMS = {0x01021994, 0x858458F6}  # TMPFS_MAGIC, RAMFS_MAGIC: already in memory
 _READ_BLOCK = 8 << 20
 
 
@@ -155,7 +155,7 @@ def read_pages_ahead(images_dir: str) -> threading.Thread | None:
     paths = sorted(glob.glob(os.path.join(glob.escape(images_dir), "pages-*.img")))
     try:
         total = sum(os.stat(p).st_size for p in paths)
-        if not paths or not _on_disk(images_dir) or total > _available_memory() // 2:
+        if not paths or not memfs.on_disk(images_dir) or total > _available_memory() // 2:
             return None
     except OSError:
         return None
@@ -201,7 +201,7 @@ class WriteBack:
 
     def start(self) -> WriteBack:
         """Its thread started, where the image is on a disk; -> itself."""
-        if _sync_file_range is not None and _on_disk(self.images_dir):
+        if _sync_file_range is not None and memfs.on_disk(self.images_dir):
             self._thread = threading.Thread(target=self._run, name="criu-image-writeback", daemon=True)
             self._thread.start()
         return self
@@ -237,24 +237,6 @@ class WriteBack:
                 finally:
                     os.close(fd)
                 queued[path] = size
-
-
-def _on_disk(path: str) -> bool:
-    """Whether a disk is behind the file system that holds path: not tmpfs or ramfs, whose pages
-    are in memory already (False too where it cannot be asked)."""
-    try:
-        return _file_system_type(path) not in _MEMORY_FILE_SYSTEMS
-    except OSError:
-        return False
-
-
-def _file_system_type(path: str) -> int:
-    """statfs(2)'s f_type of the file system that holds path (OSError if it cannot be asked)."""
-    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes on 64-bit Linux
-    if _libc.statfs(os.fsencode(path), buf) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), path)
-    return ctypes.c_long.from_buffer(buf).value & 0xFFFFFFFF
 
 
 def _available_memory() -> int:

@@ -27,7 +27,8 @@ def summary(group, what):
             "seconds": {k: round(v, 3) for k, v in group.times.items()},
             "phases": rounded_phases(group),
             "bytes": {"copied": s.copied, "written": s.written, "deduplicated": s.deduplicated,
-                      "zero": s.zero, "unchanged": s.unchanged, "loaded_ahead": s.ahead},
+                      "zero": s.zero, "unchanged": s.unchanged, "loaded_ahead": s.ahead,
+                      "loaded_in_place": s.in_place},
             "units": len(group.units), "attachments": len(group.attachments),
             # work that ran beside the phases (the driver's checkpoint beside the save)
             "overlapped": {k: round(v, 3) for k, v in group.overlapped.items()}}

@@ -620,6 +620,7 @@ class Group:
             self.report(f"warning: loading ahead failed, the load reads the store: {ahead.error}")
         elif staged:  # (none where no GPU had the room)
             self.parts.setdefault("load", {})["load ahead (not overlapped)"] = time.monotonic() - t
+            self.stats.in_place += ahead.in_place
             self.report(f"loaded {size(ahead.bytes)} ahead in {ahead.seconds:.2f} s")
         return staged
 

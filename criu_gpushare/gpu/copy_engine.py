@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-from . import driver as drv
+from . import driver as drv, file_pages
 from .fingerprint import GpuHasher
 from .memory import PinnedRing, keep_pinned, pin_ahead, use_device
 from ..errors import DriverError
@@ -51,6 +51,8 @@ CHUNK_SIZE = 64 << 20
 HOST_CHECK_EVERY = 64  # of the chunks copied from one GPU, those put also hashes on the host
 HASH_GROUP = 16  # items a save or a load holds open and hashes at once (GPU ids of many at a time)
 HASH_STREAMS = 8  # streams their kernels run on, side by side
+MAP_AHEAD = 32  # a load in place: chunk files mapped and registered ahead of the copies, at most
+MAPPING_THREADS = 4
 
 
 def ring_size(total_bytes, most=16, chunk_size=CHUNK_SIZE):
@@ -90,6 +92,7 @@ class CopyStats:
     zero: int = 0
     unchanged: int = 0
     ahead: int = 0
+    in_place: int = 0
     seconds: float = 0.0  # the item's own time (a load leaves out its group's shared end)
     opening: float = 0.0  # of seconds: in item.open() (the memory's fd, its import and mapping)
     closing: float = 0.0  # of seconds: leaving it (unmapping and releasing the memory)
@@ -121,6 +124,7 @@ class CopyEngine:
         self.ring_slots, self.progress = ring_slots, progress or (lambda n: None)
         self.gpu_hash, self.pin_ahead = gpu_hash, pin_ahead
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="copy")
+        self._mapper = None  # _mapping_pool(), made by a load in place
         self._ring = None
         self._streams = {}
         self._events = {}
@@ -134,6 +138,8 @@ class CopyEngine:
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
+        if self._mapper is not None:
+            self._mapper.shutdown(wait=True, cancel_futures=True)
         cu = drv.driver()
         for hasher in self._hashers.values():
             if hasher is not None:
@@ -410,16 +416,19 @@ class CopyEngine:
         """Load many allocations through one pipeline: [CopyStats] in order.
 
         The store is read ahead across items, a ring's worth of chunks at most, so reading the
-        next items' chunks overlaps copying this one's. Items are opened (item.open()) as their
-        turn comes and closed HASH_GROUP at a time, once their host-to-device copies are done and,
-        with verify_loads, checked. With verify_loads every chunk is checked against its name: on
-        the GPU after the copies when it can (the group's allocations hashed at once, at TB/s),
-        else on the host as each chunk is read. An item loaded ahead (its `staged` bytes,
-        gpu/staging.py, checked there) is copied device to device instead of read."""
+        next items' chunks overlaps copying this one's; from a store whose chunk files are in
+        memory (file_pages.wanted), their pages are mapped and registered ahead instead, up to
+        MAP_AHEAD chunks, and copied from where they are (no ring). Items are opened (item.open())
+        as their turn comes and closed HASH_GROUP at a time, once their host-to-device copies are
+        done and, with verify_loads, checked. With verify_loads every chunk is checked against its
+        name: on the GPU after the copies when it can (the group's allocations hashed at once, at
+        TB/s), else on the host as each chunk is read or mapped. An item loaded ahead (its
+        `staged` bytes, gpu/staging.py, checked there) is copied device to device instead of read."""
         cu = drv.driver()
         items = list(items)
+        in_place = file_pages.wanted(self.store.chunk_pages()) and any(i.staged is None for i in items)
         for item in items:
-            self.prepare(item.device)
+            self.prepare(item.device, ring=not in_place)
             total = sum(c.length for c in item.allocation.chunks)
             if total != item.allocation.size:
                 raise ValueError(f"allocation {item.allocation.key}: chunks add up to {total}, "
@@ -430,24 +439,43 @@ class CopyEngine:
                   for item in items]
         order = [(k, i) for k, item in enumerate(items) if item.staged is None
                  for i, c in enumerate(item.allocation.chunks) if not c.is_zero]
-        reads = {}  # (item, chunk) -> (slot, future) for reads started and not yet copied
+        reads = {}  # (item, chunk) -> (slot or None, future) for reads started and not yet copied
         slot_copy = [None] * self.ring_slots  # the event of the copy last started from the slot
         state = {"next": 0, "copied": 0}
+        mapped = []  # FilePages copied from: released once their copies are done
+        context = drv.check(cu.cuCtxGetCurrent(), "get the current context")
 
         def read(slot, chunk, verify):
             self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=verify)
+            return self._ring[slot]
+
+        def map_in_place(chunk, verify):
+            drv.check(cu.cuCtxSetCurrent(context), "make the context current")
+            pages = file_pages.FilePages(self.store, chunk.id, chunk.length)
+            try:
+                if verify:
+                    self.store.check_chunk(chunk.id, pages.view)
+            except BaseException:
+                pages.release()
+                raise
+            return pages
 
         def read_ahead():
             # Read n uses slot n % ring_slots, free once read n - ring_slots was copied.
-            while state["next"] < len(order) and state["next"] - state["copied"] < self.ring_slots:
+            ahead = MAP_AHEAD if in_place else self.ring_slots
+            while state["next"] < len(order) and state["next"] - state["copied"] < ahead:
                 n = state["next"]
                 k, i = order[n]
-                slot = n % self.ring_slots
-                if slot_copy[slot] is not None:
-                    drv.check(cu.cuEventSynchronize(slot_copy[slot]), "wait for a host-to-device copy")
-                    slot_copy[slot] = None
                 chunk = items[k].allocation.chunks[i]
-                reads[(k, i)] = (slot, self.pool.submit(read, slot, chunk, self.verify_loads and not on_gpu[k]))
+                verify = self.verify_loads and not on_gpu[k]
+                if in_place:
+                    reads[(k, i)] = (None, self._mapping_pool().submit(map_in_place, chunk, verify))
+                else:
+                    slot = n % self.ring_slots
+                    if slot_copy[slot] is not None:
+                        drv.check(cu.cuEventSynchronize(slot_copy[slot]), "wait for a host-to-device copy")
+                        slot_copy[slot] = None
+                    reads[(k, i)] = (slot, self.pool.submit(read, slot, chunk, verify))
                 state["next"] += 1
 
         def from_store(k, item, ptr, stream, events, stats):
@@ -462,13 +490,20 @@ class CopyEngine:
                     continue
                 read_ahead()
                 slot, future = reads.pop((k, i))
-                future.result()
+                source = future.result()  # a ring buffer, or a chunk file's pages
+                if in_place:
+                    mapped.append(source)
+                    stats.in_place += chunk.length
                 if host_check:  # read unchecked for the GPU check this pointer cannot have
-                    self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=True)
-                drv.check(cu.cuMemcpyHtoDAsync(dst, self._ring[slot].ptr, chunk.length, stream),
+                    if in_place:
+                        self.store.check_chunk(chunk.id, source.view)
+                    else:
+                        self.store.get(chunk.id, source.view[:chunk.length], verify=True)
+                drv.check(cu.cuMemcpyHtoDAsync(dst, source.ptr, chunk.length, stream),
                           f"copy {item.allocation.key} to the GPU")
-                drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
-                slot_copy[slot] = events[slot]
+                if slot is not None:
+                    drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
+                    slot_copy[slot] = events[slot]
                 state["copied"] += 1
                 self.progress(chunk.length)
             read_ahead()  # the next items' reads run while this copy ends
@@ -480,7 +515,7 @@ class CopyEngine:
         #              wait for the copies, the check): shared, it would count once per item
         try:
             for k, item in enumerate(items):
-                stream, events = self.prepare(item.device)
+                stream, events = self.prepare(item.device, ring=not in_place)
                 t0 = time.monotonic()
                 stats = CopyStats(copied=item.allocation.size)
                 stack = contextlib.ExitStack()
@@ -494,14 +529,26 @@ class CopyEngine:
                 stats.seconds = time.monotonic() - t0  # its own part: the group's end is shared
                 if len(opened) == HASH_GROUP or k == len(items) - 1:
                     self._end_load_group(opened, results)
+            file_pages.release_later(mapped, context)  # every copy has ended: _end_load_group
             return results
         except BaseException:
             exc = sys.exc_info()
             _settle([f for _, f in reads.values()])
             for stream in self._streams.values():
                 cu.cuStreamSynchronize(stream)
+            if in_place:  # the pages mapped ahead and not copied, and those copied
+                mapped += [f.result() for _, f in reads.values()
+                           if f.done() and not f.cancelled() and f.exception() is None]
+                file_pages.release_later(mapped, context)
             _close_after_failure([(item.allocation.key, stack) for item, stack, *_ in opened], exc, "load")
             raise
+
+    def _mapping_pool(self):
+        """MAPPING_THREADS threads that map and register chunk files ahead of the copies (the
+        driver registers one range at a time: a few keep the mapping of one beside another's)."""
+        if self._mapper is None:
+            self._mapper = concurrent.futures.ThreadPoolExecutor(MAPPING_THREADS, thread_name_prefix="map")
+        return self._mapper
 
     def _end_load_group(self, opened, results):
         """The group's copies waited for, its bytes checked on the GPU at once, then each item

@@ -40,6 +40,7 @@ class StagedLoad:
         self.error = None  # what stopped it, once it ended
         self.seconds = None  # how long it ran, once it ended
         self.bytes = 0  # what it loaded, once it ended without error
+        self.in_place = 0  # of which copied from the chunk files' own pages (CopyStats.in_place)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="load-ahead", daemon=True)
 
@@ -59,7 +60,7 @@ class StagedLoad:
                 with self.open_store() as store, \
                         CopyEngine(store, verify_loads=self.verify, total_bytes=total,
                                    progress=self._check_stop) as engine:
-                    engine.load_all(items)
+                    self.in_place = sum(s.in_place for s in engine.load_all(items))
             self.bytes = total
         except BaseException as e:  # noqa: BLE001 - kept for wait(); the load reads the store
             self.error = e

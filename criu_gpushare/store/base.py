@@ -4,7 +4,8 @@ node cache. The backends differ in how a chunk, a manifest, a ref, a lease or a 
 copy engine and the commands see only this interface:
 
   put(view) -> PutResult, claim_present(cid, length), get(cid, buf, verify) -> Source,
-  read_chunk(cid, view, verify), chunk_path(cid), scan_chunks(), sync(), synced_device(),
+  read_chunk(cid, view, verify), chunk_pages() (and where it is not None: open_chunk(cid, length),
+  check_chunk(cid, view)), chunk_path(cid), scan_chunks(), sync(), synced_device(),
   begin_write(purpose) -> a session (put, claim_present, commit(ref, manifest)),
   write_manifest / read_manifest / set_ref / read_ref / list_refs / remove_ref,
   hold / holds / held_refs, check_chunks(manifest), presence_problem(cid, length),
@@ -91,6 +92,12 @@ class ChunkStore:
             return Source.CACHE
         self.read_chunk(cid, view, verify)
         return Source.STORE
+
+    def chunk_pages(self):
+        """Where this store's chunk files keep their bytes, for a load that copies from them in
+        place (gpu/file_pages.py): "huge" or "small" pages in memory (store/memfs.py), or None
+        where they must be read (a disk, a bucket, or reads that go through the node cache)."""
+        return None
 
     def check_chunks(self, manifest):
         """Every problem that would keep a restore of `manifest` from reading its chunks (missing,

@@ -203,17 +203,33 @@ class ChunkDir:
 
         FileNotFoundError when the chunk is absent; StoreError when it is not exactly len(view) bytes.
         """
+        use_direct = not self.direct_refused and fsutil.direct_ok(view)
+        fd, path = self.open_chunk(cid, len(view), direct=use_direct)
+        try:
+            try:
+                n = fsutil.read_into(fd, view)
+            except OSError as e:
+                raise StoreError(f"{path}: read failed: {fsutil.describe(e)}") from e
+            if n != len(view):
+                raise ChunkDamaged(f"{path}: read {n} of {len(view)} bytes (truncated chunk)",
+                                   "truncated", cid, path)
+        finally:
+            os.close(fd)
+
+    def open_chunk(self, cid, length, direct=False):
+        """(an fd open for reading, the path) of chunk `cid`'s file, checked to be a regular file of
+        `length` bytes (ChunkDamaged otherwise); FileNotFoundError when it is absent. direct: with
+        O_DIRECT, where the file system takes it (refused once, never asked again)."""
         dfd = self.fanout_fd(fanout(cid))
         if dfd is None:
             raise FileNotFoundError(errno.ENOENT, "no such chunk", self.chunk_path(cid))
         path = self.chunk_path(cid)
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-        use_direct = not self.direct_refused and fsutil.direct_ok(view)
         try:
             try:
-                fd = os.open(cid, flags | (fsutil.O_DIRECT if use_direct else 0), dir_fd=dfd)
+                fd = os.open(cid, flags | (fsutil.O_DIRECT if direct else 0), dir_fd=dfd)
             except OSError as e:
-                if not (use_direct and e.errno == errno.EINVAL):
+                if not (direct and e.errno == errno.EINVAL):
                     raise
                 self.direct_refused = True
                 fd = os.open(cid, flags, dir_fd=dfd)
@@ -226,18 +242,13 @@ class ChunkDir:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ChunkDamaged(f"{path}: not a regular file", "bad-file", cid, path)
-            if st.st_size != len(view):
-                raise ChunkDamaged(f"{path}: {st.st_size} bytes, expected {len(view)} "
+            if st.st_size != length:
+                raise ChunkDamaged(f"{path}: {st.st_size} bytes, expected {length} "
                                    f"(truncated or damaged chunk)", "truncated", cid, path)
-            try:
-                n = fsutil.read_into(fd, view)
-            except OSError as e:
-                raise StoreError(f"{path}: read failed: {fsutil.describe(e)}") from e
-            if n != len(view):
-                raise ChunkDamaged(f"{path}: read {n} of {len(view)} bytes (truncated chunk)",
-                                   "truncated", cid, path)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        return fd, path
 
     def check(self, cid, view):
         """Raise ChunkDamaged (kind "corrupt") unless `view` hashes to `cid`."""

@@ -16,12 +16,15 @@ import json
 import os
 
 from ..errors import StoreError
-from . import catalog, docs, fsutil, holds
+from . import catalog, docs, fsutil, holds, memfs
 from .base import ChunkStore
 from .chunkdir import ChunkDir, ChunkMissing, open_root
 from .leases import WriteSession
 from .results import PutResult, PutStatus
 from .layout import CHUNK_SIZE_MAX, HASH_NAME, STORE_FILE, STORE_FORMAT, STORE_VERSION
+
+
+_UNKNOWN = object()
 
 
 class Store(ChunkStore):
@@ -34,6 +37,7 @@ class Store(ChunkStore):
         self.chunks = ChunkDir(root_fd, path, create)
         self._dir_fds = {}
         self._create = create
+        self._pages = _UNKNOWN  # chunk_pages(), asked once
 
     @classmethod
     def open(cls, path, create=False, cache=None, direct_io=True):
@@ -116,10 +120,35 @@ class Store(ChunkStore):
         try:
             self.chunks.read(cid, view)
         except FileNotFoundError:
-            path = self.chunks.chunk_path(cid)
-            raise ChunkMissing(f"{path}: chunk {cid} missing", cid, path) from None
+            raise self._missing(cid) from None
         if verify:
             self.chunks.check(cid, view)
+
+    def _missing(self, cid):
+        path = self.chunks.chunk_path(cid)
+        return ChunkMissing(f"{path}: chunk {cid} missing", cid, path)
+
+    def chunk_pages(self):
+        """"huge" or "small" where the chunk files are in memory (tmpfs, ramfs: store/memfs.py)
+        and reads do not go through a node cache; else None (base.ChunkStore.chunk_pages)."""
+        if self.cache is not None:
+            return None
+        if self._pages is _UNKNOWN:
+            self._pages = memfs.pages_of(self.chunks.path)
+        return self._pages
+
+    def open_chunk(self, cid, length):
+        """An fd open for reading on chunk `cid`'s file, checked to be a regular file of `length`
+        bytes: ChunkMissing, ChunkDamaged as read_chunk raises. The caller closes it."""
+        try:
+            return self.chunks.open_chunk(cid, length)[0]
+        except FileNotFoundError:
+            raise self._missing(cid) from None
+
+    def check_chunk(self, cid, view):
+        """Raise ChunkDamaged (kind "corrupt", naming the chunk's file) unless `view`, the chunk's
+        bytes had without read_chunk (its file's pages mapped), hashes to `cid`."""
+        self.chunks.check(cid, view)
 
     def chunk_path(self, cid):
         """Where chunk `cid` is (or would be), for messages."""

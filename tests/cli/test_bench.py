@@ -3,9 +3,11 @@ self-tests, the workload control protocol, the table and its ratios, the disk ra
 calls. The GPU runs themselves happen in scripts/gpu-tests.sh (GPU_BENCH=1)."""
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -84,12 +86,24 @@ def test_write_paths_bench_on_a_disk_measures_the_stores_ways_against_one_file(t
 def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_path):
     """bench/save_stages_bench.py on the fake driver (no kernels: no GPU-id row): a row per stage
     taken out, the table, and its store removed."""
-    stores = tmp_path / "stores"
-    stores.mkdir()
-    r = subprocess.run([sys.executable, str(BENCH / "save_stages_bench.py"), "--gib", "0.125",
-                        "--dir", str(stores)], env=fake_env, capture_output=True, text=True, timeout=120)
+    from criu_gpushare.store import memfs
+    in_memory = not memfs.on_disk("/dev/shm")  # where the loads in place can run
+    stores = Path(tempfile.mkdtemp(dir="/dev/shm")) if in_memory else tmp_path / "stores"
+    stores.mkdir(exist_ok=True)
+    try:
+        r = subprocess.run([sys.executable, str(BENCH / "save_stages_bench.py"), "--gib", "0.125",
+                            "--dir", str(stores)], env=fake_env, capture_output=True, text=True, timeout=120)
+        assert list(stores.iterdir()) == []
+    finally:
+        shutil.rmtree(stores, ignore_errors=True)
     assert r.returncode == 0, r.stdout + r.stderr
     table = r.stdout[r.stdout.index("stage "):]
+    in_place = ("load, chunk files in place", "  their pages released after the load",
+                "load, chunk files in place, no check", "load ahead, chunk files in place")
+    for stage in in_place:
+        assert (f"\n{stage} " in table) == in_memory, table
+    if not in_memory:
+        assert f"load, chunk files in place: not run: {stores} is not in memory" in r.stdout
     for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers",
                   "pin 1 GiB on 16 threads: first 64 MiB ready", "pin 1 GiB on 2 threads: last 64 MiB ready",
                   "save unchanged, one allocation, GPU idle first",
@@ -102,7 +116,6 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
                   "DMA from the page cache", "DMA into the page cache"):
         assert f"\n{stage} " in table, table
     assert "no usable GPU hasher here" in r.stdout
-    assert list(stores.iterdir()) == []
 
 
 def test_mapping_bench_opens_every_allocation_each_way_and_checks_it(fake_env):
@@ -363,8 +376,8 @@ def test_criu_memory_bench_dumps_and_restores_a_process_and_checks_its_memory(cr
 def test_criu_memory_bench_restores_from_a_cold_cache_beside_a_store_s_reading(criu, tmp_path):
     """--cold --beside-store: every kind of cold restore, its memory checked, the store read whole
     beside it where asked (its end and the end of both timed), nothing left in --dir."""
-    from criu_gpushare.criu import images
-    if images._file_system_type(str(tmp_path)) in images._MEMORY_FILE_SYSTEMS:
+    from criu_gpushare.store import memfs
+    if memfs.file_system_type(str(tmp_path)) in memfs.MEMORY_FILE_SYSTEMS:
         pytest.skip(f"{tmp_path} is on tmpfs here: a cold restore needs its images on a disk")
     mode, modes = criu_memory_bench(criu, tmp_path, "--cold", "--beside-store", "0.125")
     kinds = ["cold", "cold+ahead", "cold+store", "cold+ahead+store", "cold+pages-first+store",

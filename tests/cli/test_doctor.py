@@ -163,7 +163,8 @@ def test_doctor_says_when_a_tmpfs_store_has_no_huge_pages(tmp_path):
 def test_doctor_reads_this_machines_mounts_for_the_store(tmp_path):
     """Against /proc/self/mountinfo: a tmpfs mounted with huge=always passes (unless this kernel
     denies huge pages to every tmpfs), one without them is warned about (unless it forces them)."""
-    from criu_gpushare.cli.doctor import SHMEM_ENABLED, check_store_pages
+    from criu_gpushare.cli.doctor import check_store_pages
+    from criu_gpushare.store.memfs import SHMEM_ENABLED
     try:
         chosen = open(SHMEM_ENABLED).read().split("[")[1].split("]")[0]
     except (OSError, IndexError):

@@ -12,6 +12,7 @@ import pytest
 
 from criu_gpushare.criu import images, rpc
 from criu_gpushare.errors import ImageError
+from criu_gpushare.store import memfs
 from criutest import shared_library, sleeper, start_daemon
 
 
@@ -157,7 +158,7 @@ def test_the_page_images_are_read_ahead_of_criu_and_nothing_else(plain_dump, tmp
     which it does not follow) is skipped without stopping the rest."""
     images_dir = tmp_path / "copy"
     shutil.copytree(plain_dump[0], images_dir)
-    if images._file_system_type(str(images_dir)) in images._MEMORY_FILE_SYSTEMS:
+    if memfs.file_system_type(str(images_dir)) in memfs.MEMORY_FILE_SYSTEMS:
         pytest.skip(f"{tmp_path} is on tmpfs here: the read-ahead is for images on a disk")
     pages = {p.name: p.stat().st_size for p in images_dir.glob("pages-*.img")}
     assert pages, "CRIU wrote no page image"
@@ -186,7 +187,7 @@ def test_page_images_in_memory_or_too_large_for_it_are_not_read_ahead(plain_dump
         assert images.read_pages_ahead(on_tmpfs) is None
     finally:
         shutil.rmtree(on_tmpfs)
-    monkeypatch.setattr(images, "_file_system_type", lambda path: 0xEF53)  # ext4's
+    monkeypatch.setattr(memfs, "file_system_type", lambda path: 0xEF53)  # ext4's
     monkeypatch.setattr(images, "_available_memory", lambda: 4096)
     assert images.read_pages_ahead(plain_dump[0]) is None
 
@@ -196,7 +197,7 @@ def test_the_page_images_go_to_the_disk_while_criu_writes_them(tmp_path, monkeyp
     queued for writing (sync_file_range, SYNC_FILE_RANGE_WRITE) whenever it has grown, until
     stop(); no descriptor stays open; the other image files and symbolic links are left alone;
     again, stop() does nothing."""
-    if images._file_system_type(str(tmp_path)) in images._MEMORY_FILE_SYSTEMS:
+    if memfs.file_system_type(str(tmp_path)) in memfs.MEMORY_FILE_SYSTEMS:
         pytest.skip(f"{tmp_path} is on tmpfs here: nothing to write back")
     queued, lock = [], threading.Lock()
 

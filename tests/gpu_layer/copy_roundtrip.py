@@ -117,6 +117,9 @@ def pieces(args, store, mem, size, chunk, before):
         def get(self, *a, **kw):
             return store.get(*a, **kw)
 
+        def chunk_pages(self):
+            return store.chunk_pages()
+
     held = HeldPuts() if args.hold_first_put else None
     with CopyEngine(held or store, ring_slots=args.ring, chunk_size=chunk, workers=3) as engine:
         saved = engine.save_all([SaveItem(f"p{k}", n, 0, lambda k=k: opened(k)) for k, (_, n) in enumerate(bounds)])
