@@ -115,6 +115,10 @@ def parse_args(argv=None):
                          "the cycle of median back time, every cycle listed below the table (whether a "
                          "warm resume is slower than a cold one, or the hook within 10%% of the wrapper, "
                          "is a question of a few percent: one cycle cannot answer it)")
+    ap.add_argument("--suspended-s", type=float, default=0.0,
+                    help="seconds each tool and tool-warm row stays suspended before its resume "
+                         "(default 0: resumed at once); a store in memory gets its chunk files "
+                         "registered for the resume meanwhile (README, Usage)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
     ap.add_argument("--precheck", action="store_true",
                     help="criu rows: also time `store verify` of the dump's chunks before the restore "
@@ -246,7 +250,8 @@ class Bench:
                         row = Row(name, path, target, wl.bytes)
                         self.rate_beside(row, tdir)
                         if not bl.tool_cycle(row, wl, ["suspend", *wl.pids, "--store", store],
-                                             ["resume", wl.pids[0]], self.env, a.call_timeout):
+                                             ["resume", wl.pids[0]], self.env, a.call_timeout,
+                                             between=lambda: time.sleep(a.suspended_s)):
                             wl.kill()  # whatever state it is in, the next row starts afresh
                         measured[path].append(row)
                         if a.cycles > 1:
@@ -572,7 +577,8 @@ def main(argv=None):
     finally:
         bench.close()
     total = time.monotonic() - t0
-    title = (f"criu-gpushare in place vs the driver alone, scale {args.scale}, {total:.0f} s in all\n"
+    suspended = f"; tool rows resumed after {args.suspended_s:g} s suspended" if args.suspended_s else ""
+    title = (f"criu-gpushare in place vs the driver alone, scale {args.scale}, {total:.0f} s in all{suspended}\n"
              + "\n".join(f"  {n}: {specs[n][2]}" for n in names) + "\n" + rates_text(rates)
              + ("\n" + rates_text(rates_after, " after the rows") if rates_after else ""))
     print()

@@ -1,5 +1,6 @@
 """Loading ahead: what of a resume's or a restore's GPU memory is read from the store before its
-load step, into spare GPU memory of this process (gpu/staging.py), and when.
+load step, into spare GPU memory of this process (gpu/staging.py), and when; and a suspended
+group's chunk files registered for its resume while it stays suspended (register).
 
 Before the load step can copy anything, the memory it copies into must exist again: the driver
 restores each process, the shims re-create their memory (a resume), and before that CRIU restores
@@ -15,6 +16,7 @@ while they fit; the others load as before. CRIU_GPUSHARE_LOAD_AHEAD=0 turns it o
 """
 import os
 
+from ..gpu import file_pages
 from ..gpu.memory import free_memory
 from ..gpu.staging import StagedLoad
 from .steps import open_for_load
@@ -36,7 +38,7 @@ def start(group, report=print):
     if not enabled() or not group.units or group.manifest is None:
         return None
     return StagedLoad(lambda: placements(group), lambda: open_for_load(group.options, report),
-                      verify=group.options.verify).start()
+                      verify=group.options.verify, registered=group.registered).start()
 
 
 def placements(group):
@@ -57,3 +59,19 @@ def placements(group):
             room[device] -= allocation.size
             out.append((allocation, device))
     return out
+
+
+def register(group, report=print):
+    """A suspended group's chunk files registered with the driver from now on, in a thread, for
+    its resume to copy in place (gpu/file_pages.py): a started RegisteredAhead, or None where
+    the store does not keep them in memory pages worth it, or there is nothing to load."""
+    if group.manifest is None or not group.units:
+        return None
+    with open_for_load(group.options, report) as store:
+        if not file_pages.wanted(store.chunk_pages()):
+            return None
+    chunks = {c.id: c.length for p in group.manifest.processes for a in p.allocations
+              for c in a.chunks if not c.is_zero}
+    device = group.tool_device(group.units[0])
+    return file_pages.RegisteredAhead(lambda: open_for_load(group.options, report), list(chunks.items()),
+                                      device).start()

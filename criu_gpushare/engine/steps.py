@@ -172,6 +172,7 @@ class Group:
         self.manifest_id = None
         self._device_map = None
         self.loading_ahead = None  # a gpu/staging.StagedLoad the load takes from (engine/ahead.py)
+        self.registered = {}      # chunk id -> gpu/file_pages.FilePages: copied in place by loads
         self.held = None          # Exports: an fd of every unit, taken at release for the save
         self.checkpointing = None  # Beside: the driver's checkpoint, running beside the save
         self.overlapped = {}      # seconds of work that ran beside a step (not phases: no sum)
@@ -584,7 +585,7 @@ class Group:
                 total = sum(u.size for u in units)
                 with Exports(units, waits.UNDO_WAIT_S) as exports, \
                         CopyEngine(store, verify_loads=self.options.verify, total_bytes=total,
-                                   progress=self._progress(total, "loaded")) as engine:
+                                   progress=self._progress(total, "loaded"), registered=self.registered) as engine:
                     items = [LoadItem(allocs[u.manifest_key], self.tool_device(u),
                                       functools.partial(self._mapped, u, exports),
                                       staged=staged.get(u.manifest_key))

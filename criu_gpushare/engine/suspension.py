@@ -8,6 +8,7 @@ import time
 
 from .. import waits
 from ..errors import GroupHeld, ProcessError
+from ..gpu.file_pages import release_later
 from . import ahead, holder, journal as jn, results
 from .runner import Runner, SuspendHeld
 from .steps import IN_PLACE, Group, Options
@@ -25,6 +26,7 @@ class SuspendWork(holder.Work):
         self.key, self.pids = journal.key, journal.pids
         self.group = None
         self.waiting_for = []  # stopped members a held group's rollback waits for
+        self.registering = None  # gpu/file_pages.RegisteredAhead: the chunk files, while suspended
 
     def begin(self, report):
         self.journal.adopt()
@@ -48,6 +50,7 @@ class SuspendWork(holder.Work):
             self.journal.close()
             raise
         self.journal.set(state=jn.SUSPENDED)
+        self.registering = _register_ahead(self.group)
         return results.summary(self.group, "suspended"), True
 
     def _held_for_stopped(self, held):
@@ -80,8 +83,23 @@ class SuspendWork(holder.Work):
             self.group.options.gpu_map = fields.get("gpu_map") or None
             if fields.get("verify") is not None:  # the resuming command's setting, not the suspend's
                 self.group.options.verify = fields["verify"]
-            return resume_group(self.group, self.journal), False
+            if self.registering is None:
+                return resume_group(self.group, self.journal), False
+            self.group.registered.update(self.registering.take())
+            summary = resume_group(self.group, self.journal)
+            # undone while this holder answers and ends (a failed resume keeps them for the next)
+            release_later(list(self.group.registered.values()), self.registering.device)
+            return summary, False
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
+
+
+def _register_ahead(group):
+    """engine/ahead.register, best effort: a suspend that succeeded never fails over it."""
+    try:
+        return ahead.register(group, group.report)
+    except Exception as e:  # noqa: BLE001 - the resume reads the store as before
+        print(f"the chunk files are not registered ahead of the resume: {e}", flush=True)
+        return None
 
 
 def resume_group(group, journal, verb="resume", checked=False, loading_ahead=None):

@@ -37,7 +37,7 @@ import os
 import sys
 import time
 
-from . import driver as drv, file_pages
+from . import driver as drv
 from .fingerprint import GpuHasher
 from .memory import PinnedRing, keep_pinned, pin_ahead, use_device
 from ..errors import DriverError
@@ -51,8 +51,6 @@ CHUNK_SIZE = 64 << 20
 HOST_CHECK_EVERY = 64  # of the chunks copied from one GPU, those put also hashes on the host
 HASH_GROUP = 16  # items a save or a load holds open and hashes at once (GPU ids of many at a time)
 HASH_STREAMS = 8  # streams their kernels run on, side by side
-MAP_AHEAD = 32  # a load in place: chunk files mapped and registered ahead of the copies, at most
-MAPPING_THREADS = 4
 
 
 def ring_size(total_bytes, most=16, chunk_size=CHUNK_SIZE):
@@ -108,14 +106,16 @@ class CopyEngine:
     first copies run: memory.PinnedRing)."""
 
     def __init__(self, store, ring_slots=16, chunk_size=CHUNK_SIZE, workers=None, verify_loads=False,
-                 progress=None, gpu_hash=True, total_bytes=None, pin_ahead=False):
+                 progress=None, gpu_hash=True, total_bytes=None, pin_ahead=False, registered=None):
         """`store`: a Store or a WriteSession (puts go through it). gpu_hash=False copies every
         chunk even where the GPU could tell it unchanged (CRIU_GPUSHARE_GPU_HASH=0 does too).
         total_bytes, when the caller knows what it will move, caps the pinned ring to it: pinning
         1 GiB costs a near-empty process more than its whole copy. pin_ahead: a save in a process
         that loads next (a suspend's holder): when nothing crossed the link, so no ring was pinned,
         the load's ring is pinned in the background from close() on (memory.pin_ahead), and a
-        resume of unchanged memory pays for it no more than one after a full copy."""
+        resume of unchanged memory pays for it no more than one after a full copy. registered:
+        {chunk id: file_pages.FilePages} registered ahead (a suspended group's chunk files): a
+        load copies those chunks from their files' own pages, the others through the ring."""
         if total_bytes is not None:
             ring_slots = ring_size(total_bytes, ring_slots, chunk_size)
         # Measured on an H200 (16 cores, store on tmpfs): 8 slots/8 workers 9.8 GB/s out, 16/16 14.2.
@@ -124,7 +124,7 @@ class CopyEngine:
         self.ring_slots, self.progress = ring_slots, progress or (lambda n: None)
         self.gpu_hash, self.pin_ahead = gpu_hash, pin_ahead
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="copy")
-        self._mapper = None  # _mapping_pool(), made by a load in place
+        self.registered = registered or {}
         self._ring = None
         self._streams = {}
         self._events = {}
@@ -138,8 +138,6 @@ class CopyEngine:
 
     def close(self):
         self.pool.shutdown(wait=True, cancel_futures=True)
-        if self._mapper is not None:
-            self._mapper.shutdown(wait=True, cancel_futures=True)
         cu = drv.driver()
         for hasher in self._hashers.values():
             if hasher is not None:
@@ -416,19 +414,24 @@ class CopyEngine:
         """Load many allocations through one pipeline: [CopyStats] in order.
 
         The store is read ahead across items, a ring's worth of chunks at most, so reading the
-        next items' chunks overlaps copying this one's; from a store whose chunk files are in
-        memory (file_pages.wanted), their pages are mapped and registered ahead instead, up to
-        MAP_AHEAD chunks, and copied from where they are (no ring). Items are opened (item.open())
-        as their turn comes and closed HASH_GROUP at a time, once their host-to-device copies are
-        done and, with verify_loads, checked. With verify_loads every chunk is checked against its
-        name: on the GPU after the copies when it can (the group's allocations hashed at once, at
-        TB/s), else on the host as each chunk is read or mapped. An item loaded ahead (its
+        next items' chunks overlaps copying this one's; a chunk whose file's pages were registered
+        ahead (self.registered) is copied from them and takes no slot. Items are opened
+        (item.open()) as their turn comes and closed HASH_GROUP at a time, once their host-to-device
+        copies are done and, with verify_loads, checked. With verify_loads every chunk is checked
+        against its name: on the GPU after the copies when it can (the group's allocations hashed
+        at once, at TB/s), else on the host as each chunk is read. An item loaded ahead (its
         `staged` bytes, gpu/staging.py, checked there) is copied device to device instead of read."""
         cu = drv.driver()
         items = list(items)
-        in_place = file_pages.wanted(self.store.chunk_pages()) and any(i.staged is None for i in items)
+        order = [(k, i) for k, item in enumerate(items) if item.staged is None
+                 for i, c in enumerate(item.allocation.chunks) if not c.is_zero]
+
+        def pages_of(chunk):  # its file's registered pages, or None: read into the ring
+            pages = self.registered.get(chunk.id)
+            return pages if pages is not None and pages.length == chunk.length else None
+        need_ring = any(pages_of(items[k].allocation.chunks[i]) is None for k, i in order)
         for item in items:
-            self.prepare(item.device, ring=not in_place)
+            self.prepare(item.device, ring=need_ring)
             total = sum(c.length for c in item.allocation.chunks)
             if total != item.allocation.size:
                 raise ValueError(f"allocation {item.allocation.key}: chunks add up to {total}, "
@@ -437,41 +440,31 @@ class CopyEngine:
         # GPU check; one that does not is caught when open and its chunks checked on the host.
         on_gpu = [item.staged is None and self._gpu_checkable(item.allocation, 0, item.device)
                   for item in items]
-        order = [(k, i) for k, item in enumerate(items) if item.staged is None
-                 for i, c in enumerate(item.allocation.chunks) if not c.is_zero]
         reads = {}  # (item, chunk) -> (slot or None, future) for reads started and not yet copied
         slot_copy = [None] * self.ring_slots  # the event of the copy last started from the slot
-        state = {"next": 0, "copied": 0}
-        mapped = []  # FilePages copied from: released once their copies are done
-        context = drv.check(cu.cuCtxGetCurrent(), "get the current context")
+        state = {"next": 0, "copied": 0, "ring": 0}
 
         def read(slot, chunk, verify):
             self.store.get(chunk.id, self._ring[slot].view[:chunk.length], verify=verify)
             return self._ring[slot]
 
-        def map_in_place(chunk, verify):
-            drv.check(cu.cuCtxSetCurrent(context), "make the context current")
-            pages = file_pages.FilePages(self.store, chunk.id, chunk.length)
-            try:
-                if verify:
-                    self.store.check_chunk(chunk.id, pages.view)
-            except BaseException:
-                pages.release()
-                raise
+        def registered(pages, chunk, verify):
+            if verify:
+                self.store.check_chunk(chunk.id, pages.view)
             return pages
 
         def read_ahead():
-            # Read n uses slot n % ring_slots, free once read n - ring_slots was copied.
-            ahead = MAP_AHEAD if in_place else self.ring_slots
-            while state["next"] < len(order) and state["next"] - state["copied"] < ahead:
-                n = state["next"]
-                k, i = order[n]
+            # Ring read r uses slot r % ring_slots, free once read r - ring_slots was copied.
+            while state["next"] < len(order) and state["next"] - state["copied"] < self.ring_slots:
+                k, i = order[state["next"]]
                 chunk = items[k].allocation.chunks[i]
                 verify = self.verify_loads and not on_gpu[k]
-                if in_place:
-                    reads[(k, i)] = (None, self._mapping_pool().submit(map_in_place, chunk, verify))
+                pages = pages_of(chunk)
+                if pages is not None:
+                    reads[(k, i)] = (None, self.pool.submit(registered, pages, chunk, verify))
                 else:
-                    slot = n % self.ring_slots
+                    slot = state["ring"] % self.ring_slots
+                    state["ring"] += 1
                     if slot_copy[slot] is not None:
                         drv.check(cu.cuEventSynchronize(slot_copy[slot]), "wait for a host-to-device copy")
                         slot_copy[slot] = None
@@ -490,18 +483,17 @@ class CopyEngine:
                     continue
                 read_ahead()
                 slot, future = reads.pop((k, i))
-                source = future.result()  # a ring buffer, or a chunk file's pages
-                if in_place:
-                    mapped.append(source)
-                    stats.in_place += chunk.length
+                source = future.result()  # a ring buffer, or a chunk file's registered pages
                 if host_check:  # read unchecked for the GPU check this pointer cannot have
-                    if in_place:
+                    if slot is None:
                         self.store.check_chunk(chunk.id, source.view)
                     else:
                         self.store.get(chunk.id, source.view[:chunk.length], verify=True)
                 drv.check(cu.cuMemcpyHtoDAsync(dst, source.ptr, chunk.length, stream),
                           f"copy {item.allocation.key} to the GPU")
-                if slot is not None:
+                if slot is None:
+                    stats.in_place += chunk.length
+                else:
                     drv.check(cu.cuEventRecord(events[slot], stream), "record a copy event")
                     slot_copy[slot] = events[slot]
                 state["copied"] += 1
@@ -515,7 +507,7 @@ class CopyEngine:
         #              wait for the copies, the check): shared, it would count once per item
         try:
             for k, item in enumerate(items):
-                stream, events = self.prepare(item.device, ring=not in_place)
+                stream, events = self.prepare(item.device, ring=need_ring)
                 t0 = time.monotonic()
                 stats = CopyStats(copied=item.allocation.size)
                 stack = contextlib.ExitStack()
@@ -529,26 +521,14 @@ class CopyEngine:
                 stats.seconds = time.monotonic() - t0  # its own part: the group's end is shared
                 if len(opened) == HASH_GROUP or k == len(items) - 1:
                     self._end_load_group(opened, results)
-            file_pages.release_later(mapped, context)  # every copy has ended: _end_load_group
             return results
         except BaseException:
             exc = sys.exc_info()
             _settle([f for _, f in reads.values()])
             for stream in self._streams.values():
                 cu.cuStreamSynchronize(stream)
-            if in_place:  # the pages mapped ahead and not copied, and those copied
-                mapped += [f.result() for _, f in reads.values()
-                           if f.done() and not f.cancelled() and f.exception() is None]
-                file_pages.release_later(mapped, context)
             _close_after_failure([(item.allocation.key, stack) for item, stack, *_ in opened], exc, "load")
             raise
-
-    def _mapping_pool(self):
-        """MAPPING_THREADS threads that map and register chunk files ahead of the copies (the
-        driver registers one range at a time: a few keep the mapping of one beside another's)."""
-        if self._mapper is None:
-            self._mapper = concurrent.futures.ThreadPoolExecutor(MAPPING_THREADS, thread_name_prefix="map")
-        return self._mapper
 
     def _end_load_group(self, opened, results):
         """The group's copies waited for, its bytes checked on the GPU at once, then each item

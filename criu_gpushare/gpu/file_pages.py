@@ -1,18 +1,21 @@
-"""A chunk file's own pages, mapped and registered with the driver, so that a load's DMA reads them
-where they are: for a store whose chunk files live in memory (Store.chunk_pages, store/memfs.py).
+"""A suspended group's chunk files registered with the driver while it stays suspended, so that its
+resume copies them from their own pages: for a store whose chunk files live in memory
+(Store.chunk_pages, store/memfs.py).
 
-Through the pinned ring a load is bound by the CPU's copy from the page cache into the ring's
-buffers: 40 GiB from a huge-page tmpfs in 1.27-1.30 s on an H100's host (33 GB/s), 1.2-1.4 s on
-the H200s. The same chunk files mapped read-only and registered took 0.94-1.13 s to register
-(38-46 GB/s), and the DMA read them at 55 GB/s with no CPU copy at all (bench/save_stages_bench.py,
-"load, chunk files in place"). On a tmpfs of 4 KiB pages registering ran at 8-21 GB/s, slower than
-the ring, so by default only huge pages are loaded in place (CRIU_GPUSHARE_PAGES_IN_PLACE: 0 never,
-1 on small pages too).
+A resume reads the whole checkpoint back, and through the pinned ring that is bound by the CPU's
+copy from the page cache into the ring's buffers: 40 GiB from a huge-page tmpfs in 1.07-1.3 s on
+an H100's host, 1.2-1.4 s on the H200s. Mapped read-only and registered, the same chunk files
+took 0.94-1.13 s to register (38-46 GB/s), and then the DMA read them at 55 GB/s with no CPU
+copy at all. Registered during the load itself they gained nothing (the registrations and the
+copies wait for each other in the driver: bench/RESULTS.md), so the holder of a suspended group
+registers them once the suspend is done, in a thread (RegisteredAhead), and its resume takes what
+is registered by then (CopyEngine's `registered`) and reads the rest as before. On a tmpfs of 4
+KiB pages registering ran at 8-21 GB/s, so by default only huge pages are registered
+(CRIU_GPUSHARE_PAGES_IN_PLACE: 0 never, 1 on small pages too).
 
-Undoing a registration costs too (0.37 s for 40 GiB), so a load hands its pages to release_later
-once its copies are done: a thread releases them while the process goes on, and the process's
-exit waits for that thread. A registration the driver refuses is no error: the copy then reads
-the mapped pages through the driver's own staging buffers, slower, and a warning says so once.
+Undoing a registration costs too (0.37 s for 40 GiB): the resume hands the pages to release_later,
+a thread that releases them while the holder answers, and the process's exit waits for it. A
+registration the driver refuses ends the registering (what was made is kept) with one warning.
 """
 import atexit
 import ctypes
@@ -20,20 +23,22 @@ import logging
 import mmap
 import os
 import threading
+import time
 
 from . import driver as drv
-from .memory import map_pages, unmap_pages
-from ..errors import DriverError
+from .memory import map_pages, unmap_pages, use_device
 
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "CRIU_GPUSHARE_PAGES_IN_PLACE"
-_READ_ONLY = 0x08  # CU_MEMHOSTREGISTER_READ_ONLY: the driver never writes these pages
+# CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY: copies from any of this process's
+# contexts (every GPU) may read them; the driver never writes them
+_FLAGS = 0x01 | 0x08
 _PAGE = mmap.PAGESIZE
 
 
 def wanted(pages, environ=None):
-    """Whether a load copies chunk files in place, given where the store keeps their bytes
+    """Whether to register chunk files, given where the store keeps their bytes
     (Store.chunk_pages: "huge", "small" or None): on huge pages unless CRIU_GPUSHARE_PAGES_IN_PLACE
     says 0/no/false/off, on small pages only where it says 1/yes/true/on."""
     value = (os.environ if environ is None else environ).get(ENV_SWITCH, "").strip().lower()
@@ -44,8 +49,8 @@ def wanted(pages, environ=None):
 
 class FilePages:
     """Chunk `cid` of `store` (its file checked by Store.open_chunk) mapped read-only, its pages
-    mapped in now, and registered with the driver of the calling thread's context: .ptr to copy
-    from, .view to hash on the host; release() undoes both."""
+    mapped in now, and registered with the driver: .ptr to copy from, .view to hash on the host;
+    release() undoes both. A DriverError from the registration leaves nothing behind."""
 
     def __init__(self, store, cid, length):
         fd = store.open_chunk(cid, length)
@@ -53,13 +58,10 @@ class FilePages:
             self.ptr = map_pages(length, mmap.PROT_READ, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd)
         finally:
             os.close(fd)  # the mapping keeps the file's pages
-        self.length, self.registered = length, False
+        self.length = length
         try:
-            drv.check(drv.driver().cuMemHostRegister(self.ptr, -(-length // _PAGE) * _PAGE, _READ_ONLY),
+            drv.check(drv.driver().cuMemHostRegister(self.ptr, -(-length // _PAGE) * _PAGE, _FLAGS),
                       f"register the pages of chunk file {store.chunk_path(cid)}")
-            self.registered = True
-        except DriverError as e:
-            _warn_unregistered(e)
         except BaseException:
             unmap_pages(self.ptr, length)
             raise
@@ -67,34 +69,69 @@ class FilePages:
 
     def release(self):
         self.view.release()
-        if self.registered:
-            drv.driver().cuMemHostUnregister(self.ptr)
+        drv.driver().cuMemHostUnregister(self.ptr)
         unmap_pages(self.ptr, self.length)
 
 
-_warned = threading.Event()
+class RegisteredAhead:
+    """The chunk files of `chunks` ([(chunk id, length)], in the order a load reads them; each
+    distinct one once) registered in a thread from start() on, with GPU `device`'s context
+    current; open_store() gives the store, kept open while it runs. take() stops it and hands
+    over what it registered. Best effort: a failure (a chunk gone, the driver refusing) ends it
+    with one line, keeping what it made."""
 
+    def __init__(self, open_store, chunks, device):
+        self.open_store, self.chunks, self.device = open_store, chunks, device
+        self.pages = {}  # chunk id -> FilePages
+        self.seconds = None  # how long it ran, once it ended
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="register-ahead", daemon=True)
 
-def _warn_unregistered(error):
-    if not _warned.is_set():
-        _warned.set()
-        log.warning("%s; such chunks are copied through the driver's own buffers, which is slower "
-                    "(CRIU_GPUSHARE_PAGES_IN_PLACE=0 reads them into pinned buffers instead)", error)
+    def start(self):
+        self._thread.start()
+        return self
+
+    def _run(self):
+        t0 = time.monotonic()
+        try:
+            use_device(self.device)
+            with self.open_store() as store:
+                for cid, length in self.chunks:
+                    if self._stop.is_set():
+                        break
+                    if cid not in self.pages:
+                        self.pages[cid] = FilePages(store, cid, length)
+            done = sum(p.length for p in self.pages.values()) / 2**30
+            print(f"registered {len(self.pages)} of {len(self.chunks)} chunk files ({done:.2f} GiB) "
+                  f"for the resume in {time.monotonic() - t0:.2f} s", flush=True)
+        except Exception as e:  # noqa: BLE001 - what is registered is used, the rest read as before
+            log.warning("registering the checkpoint's chunk files ahead of the resume stopped at %d "
+                        "of %d: %s", len(self.pages), len(self.chunks), e)
+        finally:
+            self.seconds = time.monotonic() - t0
+
+    def take(self):
+        """Stop (the chunk being registered is finished) -> {chunk id: FilePages}, now the
+        caller's to release (release_later)."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join()
+        pages, self.pages = self.pages, {}
+        return pages
 
 
 _releasing = []  # threads of release_later not yet joined
 _releasing_lock = threading.Lock()
 
 
-def release_later(pages, context=None):
-    """Release `pages` (FilePages whose copies have ended) in a thread, with `context` current
-    there (the driver's registrations belong to it); the exit of the process waits for it."""
+def release_later(pages, device):
+    """Release `pages` (FilePages whose copies have ended) in a thread, GPU `device`'s context
+    current there; the process's exit waits for it."""
     if not pages:
         return
 
     def release():
-        if context is not None:
-            drv.driver().cuCtxSetCurrent(context)
+        use_device(device)
         for p in pages:
             try:
                 p.release()

@@ -32,10 +32,11 @@ class StagedLoad:
     """start() loads placements() ([(manifest Allocation, GPU ordinal)], asked in its thread)
     from open_store() (a context manager giving a store) into new buffers on those GPUs, checked
     against their names when verify; wait() -> {allocation key: device pointer}; close() frees
-    the buffers."""
+    the buffers. registered: chunk files' pages registered ahead (CopyEngine's `registered`)."""
 
-    def __init__(self, placements, open_store, verify=True):
+    def __init__(self, placements, open_store, verify=True, registered=None):
         self.placements, self.open_store, self.verify = placements, open_store, verify
+        self.registered = registered
         self.buffers = {}  # key -> (device pointer, GPU ordinal)
         self.error = None  # what stopped it, once it ended
         self.seconds = None  # how long it ran, once it ended
@@ -59,7 +60,7 @@ class StagedLoad:
             if items:
                 with self.open_store() as store, \
                         CopyEngine(store, verify_loads=self.verify, total_bytes=total,
-                                   progress=self._check_stop) as engine:
+                                   progress=self._check_stop, registered=self.registered) as engine:
                     self.in_place = sum(s.in_place for s in engine.load_all(items))
             self.bytes = total
         except BaseException as e:  # noqa: BLE001 - kept for wait(); the load reads the store

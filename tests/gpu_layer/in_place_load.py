@@ -1,19 +1,22 @@
 """Run by test_in_place_load.py in a process that loads the (fake) CUDA driver, with the store on a
-tmpfs and CRIU_GPUSHARE_PAGES_IN_PLACE=1.
+tmpfs.
 
     in_place_load.py STORE
 
-Saves 8 MiB (two zero chunks, six of data), then loads it back from the chunk files' own pages
-(gpu/file_pages.py): checked on the host (the fake runs no hash kernel), with no pinned ring; then
-with the driver refusing every registration (the pages are copied through the driver's staging);
-then with a chunk corrupted, one truncated and one removed, each refused with the chunk's own
-error. Every page mapped is released. Prints one JSON line.
+Saves 8 MiB (two zero chunks, six of data), registers its chunk files ahead (gpu/file_pages.py
+RegisteredAhead), then loads it back: all of it from the registered pages, checked on the host (the
+fake runs no hash kernel), with no pinned ring; half registered, half read through the ring; a
+chunk corrupted in its file after it was registered, refused; a chunk removed before the
+registering, which stops there (the rest loads through the ring and the missing chunk is refused);
+the driver refusing every registration (nothing registered, the load reads the store). Every page
+registered is released. Prints one JSON line.
 """
 import ctypes
 import json
 import logging
 import os
 import sys
+import time
 
 from criu_gpushare.gpu import driver as drv, file_pages
 from criu_gpushare.gpu.copy_engine import CopyEngine
@@ -27,12 +30,11 @@ MiB = 1 << 20
 
 
 class Counted(file_pages.FilePages):
-    made, released, registered = 0, 0, 0
+    made, released = 0, 0
 
     def __init__(self, *args):
         super().__init__(*args)
         Counted.made += 1
-        Counted.registered += self.registered
 
     def release(self):
         super().release()
@@ -47,9 +49,10 @@ def main():
     cu = drv.driver()
     use_device(0)
     size, chunk = 8 * MiB, MiB
+    path = sys.argv[1]
     _, fd = exportable_allocation(size)
     out = {}
-    with ImportedAllocation(fd, size, 0) as mem, Store.open(sys.argv[1], create=True) as store:
+    with ImportedAllocation(fd, size, 0) as mem, Store.open(path, create=True) as store:
         drv.check(cu.cuMemsetD8(mem.ptr, 0, 2 * MiB), "memset")
         words = (ctypes.c_uint32 * (6 * MiB // 4))(*range(7, 7 + 6 * MiB // 4))
         drv.check(cu.cuMemcpyHtoD(int(mem.ptr) + 2 * MiB, words, 6 * MiB), "fill")
@@ -59,51 +62,63 @@ def main():
                                                            workers=2) as engine:
             alloc, _ = engine.save("a", mem.ptr, size, 0)
         out["pages"] = store.chunk_pages()
+        data = [(c.id, c.length) for c in alloc.chunks if not c.is_zero]
 
-        def load():
+        def registered(chunks):
+            ahead = file_pages.RegisteredAhead(lambda: Store.open(path), chunks, 0).start()
+            while ahead.seconds is None:
+                time.sleep(0.01)
+            return ahead.take()
+
+        def load(pages):
             drv.check(cu.cuMemsetD8(mem.ptr, 0xAB, size), "scribble")
-            with CopyEngine(store, ring_slots=3, chunk_size=chunk, workers=2, verify_loads=True) as engine:
-                stats = engine.load(alloc, mem.ptr, 0)
-                pinned = engine._ring is not None
-            file_pages.wait_released()
+            try:
+                with CopyEngine(store, ring_slots=3, chunk_size=chunk, workers=2, verify_loads=True,
+                                registered=pages) as engine:
+                    stats = engine.load(alloc, mem.ptr, 0)
+                    pinned = engine._ring is not None
+            except (ChunkDamaged, ChunkMissing) as e:
+                return {"error": f"{type(e).__name__}: {e}"}
+            finally:
+                file_pages.release_later(list(pages.values()), 0)
+                file_pages.wait_released()
             after = (ctypes.c_char * size)()
             drv.check(cu.cuMemcpyDtoH(after, mem.ptr, size), "read back")
             return {"intact": bytes(after) == bytes(before), "in_place": stats.in_place,
-                    "ring_pinned": pinned, "made": Counted.made, "released": Counted.released,
-                    "registered": Counted.registered}
+                    "ring_pinned": pinned}
 
-        out["load"] = load()
+        out["all"] = load(registered(data))
+        out["half"] = load(registered(data[:3]))
+        pages = registered(data)
+        victim = store.chunks.chunk_path(alloc.chunks[3].id)
+        os.chmod(victim, 0o644)
+        with open(victim, "r+b") as f:  # in place: the registered pages are the file's
+            f.seek(100)
+            byte = f.read(1)
+            f.seek(100)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        out["corrupt"] = dict(load(pages), chunk=alloc.chunks[3].id)
+        with open(victim, "r+b") as f:
+            f.seek(100)
+            f.write(byte)
+        gone = store.chunks.chunk_path(alloc.chunks[4].id)
+        kept = open(gone, "rb").read()
+        os.unlink(gone)
+        warnings.clear()
+        pages = registered(data)
+        out["removed"] = dict(load(pages), chunk=alloc.chunks[4].id, registered=len(pages),
+                              warnings=list(warnings))
+        with open(gone, "wb") as f:
+            f.write(kept)
         real_register = cu.cuMemHostRegister
         cu.cuMemHostRegister = lambda ptr, n, flags: (cu.CUresult.CUDA_ERROR_NOT_PERMITTED,)
+        warnings.clear()
         try:
-            out["refused"] = load()
+            pages = registered(data)
         finally:
             cu.cuMemHostRegister = real_register
-        out["warnings"] = warnings
-
-        def damaged(k, how):
-            path = store.chunks.chunk_path(alloc.chunks[k].id)
-            data = bytearray(open(path, "rb").read())
-            os.chmod(path, 0o644)
-            if how == "remove":
-                os.unlink(path)
-            else:
-                with open(path, "wb") as f:
-                    f.write(data[:-1] if how == "truncate" else data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
-            try:
-                load()
-                result = "loaded"
-            except (ChunkDamaged, ChunkMissing) as e:
-                result = f"{type(e).__name__}: {e}"
-            file_pages.wait_released()
-            with open(path, "wb") as f:  # as it was, for the next case
-                f.write(data)
-            return {"error": result, "chunk": alloc.chunks[k].id, "made": Counted.made,
-                    "released": Counted.released}
-
-        out["corrupt"] = damaged(3, "corrupt")
-        out["truncated"] = damaged(4, "truncate")
-        out["removed"] = damaged(5, "remove")
+        out["refused"] = dict(load(pages), registered=len(pages), warnings=list(warnings))
+        out["made"], out["released"] = Counted.made, Counted.released
     print(json.dumps(out))
 
 

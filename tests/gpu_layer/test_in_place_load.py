@@ -1,6 +1,7 @@
-"""Loads from a store on tmpfs copy the chunk files' own pages (gpu/file_pages.py): the same bytes
-come back, checked, with no pinned ring; a refused registration still loads; a damaged or missing
-chunk is refused with its own error; every page mapped is released."""
+"""A suspended group's chunk files registered ahead on a store in memory, and the loads that copy
+them from their own pages (gpu/file_pages.py): the same bytes come back, checked, with no pinned
+ring where all were registered; a damaged or missing chunk is refused with its own error; a
+refused registration leaves the load to the ring; every page registered is released."""
 import json
 import os
 import shutil
@@ -26,31 +27,36 @@ def tmpfs_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-def test_a_store_in_memory_is_loaded_from_its_chunk_files_own_pages(fake_env, tmpfs_dir):
-    env = dict(fake_env, **{file_pages.ENV_SWITCH: "1"})
+def test_a_load_copies_the_chunk_files_registered_ahead_from_their_own_pages(fake_env, tmpfs_dir):
     r = subprocess.run([sys.executable, os.path.join(HERE, "in_place_load.py"), os.path.join(tmpfs_dir, "s")],
-                       env=env, capture_output=True, text=True, timeout=120)
+                       env=fake_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
+    *said, last = r.stdout.splitlines()  # a line per registering that ended, then the figures
+    out = json.loads(last)
     assert out["pages"] in ("huge", "small")
-    # six data chunks copied from their files' pages, checked on the host, none through a ring
-    assert out["load"] == {"intact": True, "in_place": 6 * MiB, "ring_pinned": False,
-                           "made": 6, "released": 6, "registered": 6}, out
-    # the driver refusing to register them: still intact, through its own staging, said once
-    assert out["refused"] == {"intact": True, "in_place": 6 * MiB, "ring_pinned": False,
-                              "made": 12, "released": 12, "registered": 6}, out
-    assert len(out["warnings"]) == 1 and "CRIU_GPUSHARE_PAGES_IN_PLACE=0" in out["warnings"][0], out
-    for case, want in (("corrupt", "ChunkDamaged: "), ("truncated", "ChunkDamaged: "),
-                       ("removed", "ChunkMissing: ")):
-        got = out[case]
-        assert got["error"].startswith(want) and got["chunk"] in got["error"], (case, got)
-        assert got["made"] == got["released"], (case, got)  # nothing left mapped or registered
-    assert "is corrupted" in out["corrupt"]["error"]
-    assert "truncated or damaged" in out["truncated"]["error"]
+    assert [line.split(" chunk files")[0] for line in said] == \
+        ["registered 6 of 6", "registered 3 of 3", "registered 6 of 6"], said
+    # six data chunks copied from their files' pages, checked on the host, no ring pinned
+    assert out["all"] == {"intact": True, "in_place": 6 * MiB, "ring_pinned": False}, out
+    # three registered, three read through the ring
+    assert out["half"] == {"intact": True, "in_place": 3 * MiB, "ring_pinned": True}, out
+    corrupt = out["corrupt"]
+    assert corrupt["error"].startswith("ChunkDamaged: ") and "is corrupted" in corrupt["error"], corrupt
+    assert corrupt["chunk"] in corrupt["error"]
+    # the registering stops at the missing chunk, keeping the two before it; the load refuses it
+    removed = out["removed"]
+    assert removed["registered"] == 2 and len(removed["warnings"]) == 1, removed
+    assert "stopped at 2 of 6" in removed["warnings"][0]
+    assert removed["error"].startswith("ChunkMissing: ") and removed["chunk"] in removed["error"], removed
+    # the driver refusing: nothing registered, said once, the load reads the store
+    refused = out["refused"]
+    assert refused["registered"] == 0 and len(refused["warnings"]) == 1, refused
+    assert refused["intact"] and refused["in_place"] == 0 and refused["ring_pinned"], refused
+    assert out["made"] == out["released"] == 6 + 3 + 6 + 2, out  # every page registered, released
 
 
-def test_where_a_load_copies_in_place(monkeypatch):
-    """By default huge pages only (small ones register slower than the ring reads); =0 never,
+def test_where_chunk_files_are_registered_ahead():
+    """By default on huge pages only (small ones register slower than the ring reads); =0 never,
     =1 on small pages too; never where the chunk files are not in memory."""
     for value, want in (("", {"huge"}), ("0", set()), ("off", set()), ("1", {"huge", "small"}),
                         ("yes", {"huge", "small"})):
