@@ -98,9 +98,11 @@ def format_table(rows, title=""):
     for r in rows:
         if r.out_phases or r.back_phases or r.out_wall_s:
             beside = r.extra.get("overlapped") or {}
+            in_place = r.extra.get("loaded_in_place")
             lines.append(f"  {r.workload}/{r.path}/{r.store}: {_phases(r.out_phases)} | {_phases(r.back_phases)}"
                          f"  (wall {_num(r.out_wall_s, '.2f')} | {_num(r.back_wall_s, '.2f')})"
-                         + (f"  [beside the phases: {_phases(beside)}]" if beside else ""))
+                         + (f"  [beside the phases: {_phases(beside)}]" if beside else "")
+                         + (f"  [loaded in place: {in_place / GIB:.2f} GiB]" if in_place else ""))
     lines.append("x drv = driver-only seconds / this row's seconds (above 1: faster than the driver alone)")
     return "\n".join(lines)
 
@@ -413,6 +415,7 @@ def tool_cycle(row, wl, out_args, back_args, env, timeout, between=None):
     back = run_tool(back_args, env, timeout)
     row.back_wall_s, row.back_s = back.wall_s, back.seconds()
     row.back_phases = back.phases() if back.ok else {}
+    row.extra["loaded_in_place"] = ((back.summary or {}).get("bytes") or {}).get("loaded_in_place") if back.ok else None
     if not back.ok:
         row.status, row.back_s = f"fails: {back_args[0]} {back.why()}", None
         return False
