@@ -33,15 +33,15 @@ each row's difference from the first says what that stage costs:
                                                    the GPU: what reading alone allows
   load, no check, 32 slots and workers             twice the ring and the readers: whether the
                                                    load's reading is bound by them
-  load, chunk files in place (, no check)          the store's chunk files mapped and registered,
-                                                   copied from their own pages, no ring
-                                                   (gpu/file_pages.py: the tool's way where the
-                                                   store is on a tmpfs of huge pages); then the
-                                                   release of those pages, which the load leaves
-                                                   to a thread
-  load ahead (, chunk files in place)              the load into a new buffer of the tool's own
+  load ahead                                       the load into a new buffer of the tool's own
                                                    (gpu/staging.py: what a restore does while CRIU
                                                    restores the processes)
+  chunk files registered ahead, the loads from them, their release
+                                                   a store in memory (tmpfs) only: its chunk files
+                                                   mapped and registered with the driver as a
+                                                   suspended group's holder does (gpu/file_pages.py),
+                                                   then copied from their own pages by the load
+                                                   and the load ahead, then released
   device to device                                 a second copy on the GPU (what a load ahead
                                                    leaves to the load step: engine/ahead.py)
   DMA into the page cache / DMA from the page cache
@@ -87,7 +87,6 @@ def main():
     cu = drv.driver()
     memory.use_device(0)
     rows = []
-    released = [0.0]  # seconds the last load's release of its chunk files' pages took, after it
 
     def row(name, seconds, nbytes=size):
         rows.append((name, seconds, nbytes / seconds / 1e9 if seconds and nbytes else None))
@@ -145,19 +144,17 @@ def main():
         hasher.close()
         row("GPU hasher made (module, self-test)", best(lambda: timed(made_and_closed)[0]), 0)
 
-    def loaded_ahead(allocation, in_place=False):
+    def loaded_ahead(allocation, registered=None):
         """A load ahead of the whole allocation (buffer made, store read, checked): its seconds."""
-        with mock.patch.dict(os.environ, {file_pages.ENV_SWITCH: "1" if in_place else "0"}):
-            t = time.monotonic()
-            staged = StagedLoad(lambda: [(allocation, 0)], lambda: Store.open(root)).start()
-            try:
-                staged.wait()
-                if staged.error is not None:
-                    raise DriverError(f"loading ahead failed: {staged.error}")
-                return time.monotonic() - t
-            finally:
-                staged.close()
-                file_pages.wait_released()
+        t = time.monotonic()
+        staged = StagedLoad(lambda: [(allocation, 0)], lambda: Store.open(root), registered=registered).start()
+        try:
+            staged.wait()
+            if staged.error is not None:
+                raise DriverError(f"loading ahead failed: {staged.error}")
+            return time.monotonic() - t
+        finally:
+            staged.close()
 
     def allocate_pieces():
         """What loading ahead makes before its first read (gpu/staging.py: one buffer per
@@ -189,15 +186,23 @@ def main():
             time.sleep(IDLE_S)
             return timed(lambda: engine.save_all(items))[0]
 
-    def load(allocation, verify, slots=16, in_place=False):
-        """A load through the ring, or (in_place) from the chunk files' own pages: its seconds;
-        the release of those pages, which a load leaves to a thread, waited for after."""
-        with mock.patch.dict(os.environ, {file_pages.ENV_SWITCH: "1" if in_place else "0"}), \
-                Store.open(root) as store, ce.CopyEngine(store, ring_slots=slots, workers=slots,
-                                                         verify_loads=verify, total_bytes=size) as engine:
-            seconds = timed(lambda: engine.load(allocation, ptr, 0))[0]
-        released[0] = timed(file_pages.wait_released)[0]
-        return seconds
+    def load(allocation, verify, slots=16, registered=None):
+        """A load through the ring, or from the chunk files' `registered` pages: its seconds."""
+        with Store.open(root) as store, ce.CopyEngine(store, ring_slots=slots, workers=slots, verify_loads=verify,
+                                                      total_bytes=size, registered=registered) as engine:
+            return timed(lambda: engine.load(allocation, ptr, 0))[0]
+
+    def registered_ahead(allocation):
+        """(seconds, {chunk id: FilePages}): the allocation's chunk files registered as a
+        suspended group's holder does (gpu/file_pages.py RegisteredAhead), waited for whole."""
+        chunks = [(c.id, c.length) for c in allocation.chunks if not c.is_zero]
+        ahead = file_pages.RegisteredAhead(lambda: Store.open(root), chunks, 0).start()
+        ahead.join()
+        return ahead.seconds, ahead.take()
+
+    def released(pages):
+        file_pages.release_later(list(pages.values()), 0)
+        return timed(file_pages.wait_released)[0]
 
     try:
         row("save, first", save()[0])
@@ -229,16 +234,16 @@ def main():
         with mock.patch.object(cu, "cuMemcpyHtoDAsync", lambda *a: (cu.CUresult.CUDA_SUCCESS,)):
             row("load, reads only", best(lambda: load(allocation, False)))
         row("load, no check, 32 slots and workers", best(lambda: load(allocation, False, slots=32)))
-        in_memory = memfs.pages_of(args.dir) is not None
-        if in_memory:
-            row("load, chunk files in place", best(lambda: load(allocation, True, in_place=True)))
-            row("  their pages released after the load", released[0])
-            row("load, chunk files in place, no check", best(lambda: load(allocation, False, in_place=True)))
         row("load ahead (buffer made, read, checked)", best(lambda: loaded_ahead(allocation)))
-        if in_memory:
-            row("load ahead, chunk files in place", best(lambda: loaded_ahead(allocation, in_place=True)))
+        if memfs.pages_of(args.dir) is not None:
+            seconds, pages = registered_ahead(allocation)
+            row("chunk files registered ahead", seconds)
+            row("load, from the registered chunk files", best(lambda: load(allocation, True, registered=pages)))
+            row("load ahead, from the registered chunk files",
+                best(lambda: loaded_ahead(allocation, registered=pages)))
+            row("the registered chunk files released", released(pages))
         else:
-            print(f"  load, chunk files in place: not run: {args.dir} is not in memory (tmpfs)", flush=True)
+            print(f"  chunk files registered ahead: not run: {args.dir} is not in memory (tmpfs)", flush=True)
         row("load ahead's buffers made, 1 GiB each", best(allocate_pieces))
         attempt("device to device", lambda: device_to_device(ptr, size))
         with Store.open(root) as store:

@@ -26,6 +26,7 @@ import threading
 import time
 
 from . import driver as drv
+from .aside import Aside
 from .memory import map_pages, unmap_pages, use_device
 
 log = logging.getLogger(__name__)
@@ -73,31 +74,27 @@ class FilePages:
         unmap_pages(self.ptr, self.length)
 
 
-class RegisteredAhead:
+class RegisteredAhead(Aside):
     """The chunk files of `chunks` ([(chunk id, length)], in the order a load reads them; each
     distinct one once) registered in a thread from start() on, with GPU `device`'s context
     current; open_store() gives the store, kept open while it runs. take() stops it and hands
     over what it registered. Best effort: a failure (a chunk gone, the driver refusing) ends it
     with one line, keeping what it made."""
 
+    thread_name = "register-ahead"
+
     def __init__(self, open_store, chunks, device):
         self.open_store, self.chunks, self.device = open_store, chunks, device
         self.pages = {}  # chunk id -> FilePages
-        self.seconds = None  # how long it ran, once it ended
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="register-ahead", daemon=True)
+        super().__init__()
 
-    def start(self):
-        self._thread.start()
-        return self
-
-    def _run(self):
+    def run(self):
         t0 = time.monotonic()
         try:
             use_device(self.device)
             with self.open_store() as store:
                 for cid, length in self.chunks:
-                    if self._stop.is_set():
+                    if self.stopping():
                         break
                     if cid not in self.pages:
                         self.pages[cid] = FilePages(store, cid, length)
@@ -107,15 +104,11 @@ class RegisteredAhead:
         except Exception as e:  # noqa: BLE001 - what is registered is used, the rest read as before
             log.warning("registering the checkpoint's chunk files ahead of the resume stopped at %d "
                         "of %d: %s", len(self.pages), len(self.chunks), e)
-        finally:
-            self.seconds = time.monotonic() - t0
 
     def take(self):
         """Stop (the chunk being registered is finished) -> {chunk id: FilePages}, now the
         caller's to release (release_later)."""
-        self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join()
+        self.halt()
         pages, self.pages = self.pages, {}
         return pages
 

@@ -13,10 +13,9 @@ one fails: those made are filled, the rest load as before.
 """
 import contextlib
 import logging
-import threading
-import time
 
 from . import driver as drv
+from .aside import Aside
 from .copy_engine import CopyEngine, LoadItem
 from .memory import use_device
 from ..errors import DriverError
@@ -28,29 +27,24 @@ class _Stopped(Exception):
     """close() before the loading ended: the engine stops at its next chunk."""
 
 
-class StagedLoad:
+class StagedLoad(Aside):
     """start() loads placements() ([(manifest Allocation, GPU ordinal)], asked in its thread)
     from open_store() (a context manager giving a store) into new buffers on those GPUs, checked
     against their names when verify; wait() -> {allocation key: device pointer}; close() frees
     the buffers. registered: chunk files' pages registered ahead (CopyEngine's `registered`)."""
+
+    thread_name = "load-ahead"
 
     def __init__(self, placements, open_store, verify=True, registered=None):
         self.placements, self.open_store, self.verify = placements, open_store, verify
         self.registered = registered
         self.buffers = {}  # key -> (device pointer, GPU ordinal)
         self.error = None  # what stopped it, once it ended
-        self.seconds = None  # how long it ran, once it ended
         self.bytes = 0  # what it loaded, once it ended without error
         self.in_place = 0  # of which copied from the chunk files' own pages (CopyStats.in_place)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="load-ahead", daemon=True)
+        super().__init__()
 
-    def start(self):
-        self._thread.start()
-        return self
-
-    def _run(self):
-        t0 = time.monotonic()
+    def run(self):
         try:
             placements = self.placements()
             self._allocate(placements)
@@ -66,13 +60,11 @@ class StagedLoad:
         except BaseException as e:  # noqa: BLE001 - kept for wait(); the load reads the store
             self.error = e
             self._free()
-        finally:
-            self.seconds = time.monotonic() - t0
 
     def _allocate(self, placements):
         cu = drv.driver()
         for allocation, device in placements:
-            if self._stop.is_set():
+            if self.stopping():
                 return
             use_device(device)
             try:
@@ -83,20 +75,18 @@ class StagedLoad:
             self.buffers[allocation.key] = (ptr, device)
 
     def _check_stop(self, _nbytes):
-        if self._stop.is_set():
+        if self.stopping():
             raise _Stopped()
 
     def wait(self):
         """{allocation key: device pointer holding its bytes}, once the loading ended; {} after a
         failure (self.error says which)."""
-        self._thread.join()
+        self.join()
         return {} if self.error is not None else {k: ptr for k, (ptr, _) in self.buffers.items()}
 
     def close(self):
         """Stop the loading (at its next chunk) and free every buffer."""
-        self._stop.set()
-        if self._thread.ident is not None:
-            self._thread.join()
+        self.halt()
         self._free()
 
     def _free(self):

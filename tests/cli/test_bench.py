@@ -87,7 +87,7 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
     """bench/save_stages_bench.py on the fake driver (no kernels: no GPU-id row): a row per stage
     taken out, the table, and its store removed."""
     from criu_gpushare.store import memfs
-    in_memory = not memfs.on_disk("/dev/shm")  # where the loads in place can run
+    in_memory = not memfs.on_disk("/dev/shm")  # where chunk files can be registered ahead
     stores = Path(tempfile.mkdtemp(dir="/dev/shm")) if in_memory else tmp_path / "stores"
     stores.mkdir(exist_ok=True)
     try:
@@ -98,12 +98,12 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
         shutil.rmtree(stores, ignore_errors=True)
     assert r.returncode == 0, r.stdout + r.stderr
     table = r.stdout[r.stdout.index("stage "):]
-    in_place = ("load, chunk files in place", "  their pages released after the load",
-                "load, chunk files in place, no check", "load ahead, chunk files in place")
+    in_place = ("chunk files registered ahead", "load, from the registered chunk files",
+                "load ahead, from the registered chunk files", "the registered chunk files released")
     for stage in in_place:
         assert (f"\n{stage} " in table) == in_memory, table
     if not in_memory:
-        assert f"load, chunk files in place: not run: {stores} is not in memory" in r.stdout
+        assert f"chunk files registered ahead: not run: {stores} is not in memory" in r.stdout
     for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers",
                   "pin 1 GiB on 16 threads: first 64 MiB ready", "pin 1 GiB on 2 threads: last 64 MiB ready",
                   "save unchanged, one allocation, GPU idle first",

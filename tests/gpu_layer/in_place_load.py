@@ -25,6 +25,7 @@ from criu_gpushare.store.chunkdir import ChunkDamaged, ChunkMissing
 from criu_gpushare.store.store import Store
 
 from copy_roundtrip import exportable_allocation
+from verified_load import filled_and_saved
 
 MiB = 1 << 20
 
@@ -53,14 +54,9 @@ def main():
     _, fd = exportable_allocation(size)
     out = {}
     with ImportedAllocation(fd, size, 0) as mem, Store.open(path, create=True) as store:
-        drv.check(cu.cuMemsetD8(mem.ptr, 0, 2 * MiB), "memset")
-        words = (ctypes.c_uint32 * (6 * MiB // 4))(*range(7, 7 + 6 * MiB // 4))
-        drv.check(cu.cuMemcpyHtoD(int(mem.ptr) + 2 * MiB, words, 6 * MiB), "fill")
+        alloc = filled_and_saved(store, mem)
         before = (ctypes.c_char * size)()
         drv.check(cu.cuMemcpyDtoH(before, mem.ptr, size), "read back")
-        with store.begin_write("t") as session, CopyEngine(session, ring_slots=3, chunk_size=chunk,
-                                                           workers=2) as engine:
-            alloc, _ = engine.save("a", mem.ptr, size, 0)
         out["pages"] = store.chunk_pages()
         data = [(c.id, c.length) for c in alloc.chunks if not c.is_zero]
 

@@ -79,6 +79,18 @@ def reloaded_in_a_group(store, mem, size, chunk):
             "reread_checked": reads.count(True)}
 
 
+def filled_and_saved(store, mem):
+    """8 MiB at mem: two zero chunks, then six of data (1 MiB chunks), saved into store: its
+    manifest Allocation."""
+    cu = drv.driver()
+    drv.check(cu.cuMemsetD8(mem.ptr, 0, 2 * MiB), "memset")
+    words = (ctypes.c_uint32 * (6 * MiB // 4))(*range(7, 7 + 6 * MiB // 4))
+    drv.check(cu.cuMemcpyHtoD(int(mem.ptr) + 2 * MiB, words, 6 * MiB), "fill")
+    with store.begin_write("t") as session, CopyEngine(session, ring_slots=3, chunk_size=MiB,
+                                                       workers=2) as engine:
+        return engine.save("a", mem.ptr, 8 * MiB, 0)[0]
+
+
 def main():
     store_path = sys.argv[1]
     cu = drv.driver()
@@ -87,12 +99,7 @@ def main():
     _, fd = exportable_allocation(size)
     out = {}
     with ImportedAllocation(fd, size, 0) as mem, Store.open(store_path, create=True) as store:
-        drv.check(cu.cuMemsetD8(mem.ptr, 0, 2 * MiB), "memset")
-        words = (ctypes.c_uint32 * (6 * MiB // 4))(*range(7, 7 + 6 * MiB // 4))
-        drv.check(cu.cuMemcpyHtoD(int(mem.ptr) + 2 * MiB, words, 6 * MiB), "fill")
-        with store.begin_write("t") as session, CopyEngine(session, ring_slots=3, chunk_size=chunk,
-                                                           workers=2) as engine:
-            alloc, _ = engine.save("a", mem.ptr, size, 0)
+        alloc = filled_and_saved(store, mem)
         host_verifies = []
         real_get = store.get
 
