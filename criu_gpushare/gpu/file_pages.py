@@ -3,14 +3,15 @@ resume copies them from their own pages: for a store whose chunk files live in m
 (Store.chunk_pages, store/memfs.py).
 
 A resume reads the whole checkpoint back, and through the pinned ring that is bound by the CPU's
-copy from the page cache into the ring's buffers: 40 GiB from a huge-page tmpfs in 1.07-1.3 s on
-an H100's host, 1.2-1.4 s on the H200s. Mapped read-only and registered, the same chunk files
-took 0.94-1.13 s to register (38-46 GB/s), and then the DMA read them at 55 GB/s with no CPU
-copy at all. Registered during the load itself they gained nothing (the registrations and the
-copies wait for each other in the driver: bench/RESULTS.md), so the holder of a suspended group
-registers them once the suspend is done, in a thread (RegisteredAhead), and its resume takes what
-is registered by then (CopyEngine's `registered`) and reads the rest as before. On a tmpfs of 4
-KiB pages registering ran at 8-21 GB/s, so by default only huge pages are registered
+copy from the page cache into the ring's buffers: 30-33 GB/s from a huge-page tmpfs on two H100
+hosts, 28-36 GB/s on the H200s. Mapped read-only and registered, the same chunk files registered
+at 30-51 GB/s on one thread, and then the GPU read them at 52-54 GB/s with no CPU copy at all
+(bench/save_stages_bench.py, "chunk files registered ahead" and "load, from the registered chunk
+files"). Registered during the load itself they gained nothing (the registrations and the copies
+wait for each other in the driver: bench/RESULTS.md, "nineteenth"), so the holder of a suspended
+group registers them once the suspend is done, in a thread (RegisteredAhead), and its resume
+takes what is registered by then (CopyEngine's `registered`) and reads the rest as before. On a
+tmpfs of 4 KiB pages registering ran at 8-21 GB/s, so by default only huge pages are registered
 (CRIU_GPUSHARE_PAGES_IN_PLACE: 0 never, 1 on small pages too).
 
 Undoing a registration costs too (0.37 s for 40 GiB): the resume hands the pages to release_later,
