@@ -129,6 +129,10 @@ class Work:
     def on_tick(self, report):  # -> keep_running: bool
         return True
 
+    def finish(self):
+        """Last work, once the holder answered its last request and before it ends (its process
+        ends with os._exit: Python's exit handlers do not run)."""
+
 
 class CriuWork(Work):
     """A holder for one CRIU run by the hook: it watches that CRIU process (on_event: it ended)."""
@@ -297,6 +301,7 @@ def _holder_main(work, wfd):
         _serve(work, listener)
     listener.close()
     os.unlink(sock_path)
+    work.finish()
     print("holder done", flush=True)
 
 

@@ -8,7 +8,7 @@ import time
 
 from .. import waits
 from ..errors import GroupHeld, ProcessError
-from ..gpu.file_pages import release_later
+from ..gpu.file_pages import release_later, wait_released
 from . import ahead, holder, journal as jn, results
 from .runner import Runner, SuspendHeld
 from .steps import IN_PLACE, Group, Options
@@ -87,10 +87,13 @@ class SuspendWork(holder.Work):
                 return resume_group(self.group, self.journal), False
             self.group.registered.update(self.registering.take())
             summary = resume_group(self.group, self.journal)
-            # undone while this holder answers and ends (a failed resume keeps them for the next)
+            # undone while this holder answers (finish waits; a failed resume keeps them for the next)
             release_later(list(self.group.registered.values()), self.registering.device)
             return summary, False
         raise ProcessError(self.key, f"unknown holder command {cmd!r}")
+
+    def finish(self):
+        wait_released()  # the registrations the resume left to a thread
 
 
 def _register_ahead(group):

@@ -15,8 +15,10 @@ tmpfs of 4 KiB pages registering ran at 8-21 GB/s, so by default only huge pages
 (CRIU_GPUSHARE_PAGES_IN_PLACE: 0 never, 1 on small pages too).
 
 Undoing a registration costs too (0.37 s for 40 GiB): the resume hands the pages to release_later,
-a thread that releases them while the holder answers, and the process's exit waits for it. A
-registration the driver refuses ends the registering (what was made is kept) with one warning.
+a thread that releases them while the holder answers; the holder waits for it before it ends
+(wait_released), another process at its exit. A registration the driver refuses ends the
+registering (what was made is kept) with one warning. While registered, the pages hold about 2 MiB
+of GPU memory per GiB (80 MiB for 40 GiB on an H100).
 """
 import atexit
 import ctypes
@@ -120,17 +122,19 @@ _releasing_lock = threading.Lock()
 
 def release_later(pages, device):
     """Release `pages` (FilePages whose copies have ended) in a thread, GPU `device`'s context
-    current there; the process's exit waits for it."""
+    current there; wait_released waits for it (and Python's exit does)."""
     if not pages:
         return
 
     def release():
+        t0 = time.monotonic()
         use_device(device)
         for p in pages:
             try:
                 p.release()
             except Exception as e:  # noqa: BLE001 - the process's exit frees what is left
                 log.warning("releasing a chunk file's pages failed: %s", e)
+        print(f"released {len(pages)} registered chunk files in {time.monotonic() - t0:.2f} s", flush=True)
 
     thread = threading.Thread(target=release, name="release-file-pages", daemon=True)
     with _releasing_lock:

@@ -94,9 +94,10 @@ class ChunkStore:
         return Source.STORE
 
     def chunk_pages(self):
-        """Where this store's chunk files keep their bytes, for a load that copies from them in
-        place (gpu/file_pages.py): "huge" or "small" pages in memory (store/memfs.py), or None
-        where they must be read (a disk, a bucket, or reads that go through the node cache)."""
+        """Where this store's chunk files keep their bytes, for a suspended group's holder that
+        registers them for its resume (gpu/file_pages.py): "huge" or "small" pages in memory
+        (store/memfs.py), or None where they must be read (a disk, a bucket, or reads that go
+        through the node cache)."""
         return None
 
     def check_chunks(self, manifest):
