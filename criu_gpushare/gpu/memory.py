@@ -216,56 +216,80 @@ def pin_buffers(size, count):
     return made
 
 
-# Pinning a ring still costs (0.1-0.2 s for 1 GiB): paid once by the save and again by the load of
+# Pinning a ring still costs (0.1-0.3 s for 1 GiB): paid once by the save and again by the load of
 # one suspend/resume in the same holder. A ring that a CopyEngine is done with is kept here for the
-# next one in this process instead (PinnedRing takes it); the process's exit frees it.
+# next one in this process instead (PinnedRing takes it); the process's exit frees it. Buffers
+# being pinned ahead (pin_ahead) wait in _ahead, each as a future, for the next ring to take.
 _kept = []
+_ahead = []  # (size, future of a PinnedBuffer) pinned ahead and not yet taken by a ring
 _kept_lock = threading.Lock()
-_pinning = []  # pin_ahead threads not yet joined
 
 
 def pin_ahead(size, count, device):
-    """Pin what the next PinnedRing(size, count) of this process lacks, in a thread, now: for a
-    holder whose save copied nothing (so kept no ring) and that waits for the resume's load. Best
-    effort: a failure leaves the load to pin its own."""
+    """Begin pinning now, on PIN_THREADS threads of GPU `device`'s context, what the next
+    PinnedRing(size, count) of this process lacks (what is kept or pinned ahead already counts):
+    that ring takes each buffer as it is pinned, so a save or load that starts meanwhile waits for
+    its first buffers only. For a holder that saves once its group is quiesced and released (the
+    ring pinned meanwhile), for one whose save copied nothing and that loads next, for a restore
+    while CRIU restores the processes. A failure is printed; the ring that takes a buffer that
+    failed raises its error where it asks for it, as for one it pinned itself."""
+    with _kept_lock:
+        have = sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
+        futures = [concurrent.futures.Future() for _ in range(count - have)]
+        _ahead.extend((size, f) for f in futures)
+    if not futures:
+        return
+
     def pin():
         try:
             use_device(device)
-            with _kept_lock:
-                have = sum(1 for b in _kept if b.size == size)
-            keep_pinned(pin_buffers(size, count - have))
-        except Exception as e:  # noqa: BLE001 - an optimisation only
-            print(f"pinning the ring ahead of the load failed: {e}", flush=True)
+            pool, made = pin_pool(size, len(futures))
+        except Exception as e:  # noqa: BLE001 - told to the ring that takes them
+            print(f"pinning the ring ahead failed: {e}", flush=True)
+            for future in futures:
+                future.set_exception(e)
+            return
+        pool.shutdown(wait=False)  # its threads end once the last buffer is pinned
+        for future, pinned in zip(futures, made):
+            pinned.add_done_callback(lambda f, to=future: _pass_on(f, to))
 
-    thread = threading.Thread(target=pin, name="pin-ahead", daemon=True)
-    _pinning.append(thread)
-    thread.start()
+    threading.Thread(target=pin, name="pin-ahead", daemon=True).start()
+
+
+def _pass_on(done, to):
+    error = done.exception()
+    if error is None:
+        to.set_result(done.result())
+    else:
+        print(f"pinning a ring buffer ahead failed: {error}", flush=True)
+        to.set_exception(error)
 
 
 class PinnedRing:
     """A copy engine's ring: `count` PinnedBuffers of `size` bytes, those kept by earlier engines
-    of this process first (after any pin_ahead ends), the rest pinned in the background in slot
-    order. ring[i] waits for buffer i alone, so the first copies start once the first buffers are
-    pinned, not the whole ring (0.2 s for 1 GiB on the H200); the seconds the thread that made
-    the ring waited go to on_wait(seconds) (other threads wait beside it: theirs would count the
-    same stretch many times). A buffer that could not be pinned raises its error where it is
-    asked for."""
+    of this process first, then those being pinned ahead (pin_ahead), the rest pinned in the
+    background in slot order. ring[i] waits for buffer i alone, so the first copies start once
+    the first buffers are pinned, not the whole ring (0.2 s for 1 GiB on the H200); the seconds the
+    thread that made the ring waited go to on_wait(seconds) (other threads wait beside it: theirs
+    would count the same stretch many times). A buffer that could not be pinned, here or ahead,
+    raises its error where it is asked for."""
 
     def __init__(self, size, count, on_wait=None):
-        while _pinning:
-            _pinning.pop().join()
         with _kept_lock:
             reuse = [b for b in _kept if b.size == size][:count]
             for b in reuse:
                 _kept.remove(b)
+            ahead = [f for n, f in _ahead if n == size][:count - len(reuse)]
+            _ahead[:] = [(n, f) for n, f in _ahead if f not in ahead]
         self._futures = []
         for b in reuse:
             done = concurrent.futures.Future()
             done.set_result(b)
             self._futures.append(done)
-        if count > len(reuse):
+        self._futures += ahead
+        if count > len(self._futures):
             try:
-                pool, made = pin_pool(size, count - len(reuse))
+                pool, made = pin_pool(size, count - len(self._futures))
             except BaseException:
                 keep_pinned(reuse)
                 raise

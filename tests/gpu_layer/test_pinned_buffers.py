@@ -127,3 +127,61 @@ def test_a_ring_gives_its_first_buffers_while_the_rest_are_pinned_and_keeps_what
     assert out["first_before_the_rest"] and out["second"] and out["waited_once"], out
     assert out["failed_slot"].endswith("no pinned memory left") and out["fourth"], out
     assert out["kept"] == 3 and out["kept_registered"] and out["reused"], out
+
+
+AHEAD = r"""
+import json, threading
+from criu_gpushare.gpu import driver as drv, memory
+cu = drv.driver()
+memory.use_device(0)
+MIB = 1 << 20
+real = memory.PinnedBuffer
+memory.PIN_THREADS = 1  # in slot order, one at a time
+gate = threading.Event()
+made, where = [], set()
+def gated(size):  # the first buffer at once, the others once the gate opens
+    if made:
+        gate.wait()
+    where.add(threading.current_thread().name)
+    b = real(size)
+    made.append(b)
+    return b
+memory.PinnedBuffer = gated
+memory.keep_pinned([real(MIB)])  # one kept from an earlier engine
+memory.pin_ahead(MIB, 4, 0)  # lacks three
+memory.pin_ahead(MIB, 4, 0)  # nothing more: kept and pinned ahead count
+ring = memory.PinnedRing(MIB, 4)
+out = {"taken_while_pinning": len(made) <= 1}
+first = ring[1]  # the first buffer pinned ahead, before the others exist
+out["first_alone"] = first.ptr == made[0].ptr and len(made) == 1
+gate.set()
+buffers = list(ring)
+out["all_from_ahead"] = [b.ptr for b in buffers[1:]] == [b.ptr for b in made]
+out["pinned_by_ahead_only"] = len(made) == 3 and all(n.startswith("pin-ahead") for n in where)
+memory.keep_pinned(ring.release())
+
+memory.PinnedBuffer = lambda size: (_ for _ in ()).throw(drv.DriverError("no pinned memory left"))
+memory.pin_ahead(MIB, 6, 0)  # two more than kept: both fail
+failing = memory.PinnedRing(MIB, 6)
+try:
+    failing[5]
+    out["failed"] = "no error"
+except drv.DriverError as e:
+    out["failed"] = str(e)
+out["kept_still_given"] = failing[0] is not None
+print(json.dumps(out))
+"""
+
+
+def test_a_ring_takes_what_is_pinned_ahead_buffer_by_buffer(fake_env):
+    """memory.pin_ahead: pins what the next ring lacks (kept buffers and buffers already being
+    pinned ahead count), and that ring takes each buffer as it is pinned: its first is usable
+    while the others are still pinned, and it pins none itself; a buffer that failed ahead raises
+    where the ring asks for it, the others are given."""
+    r = subprocess.run([sys.executable, "-c", AHEAD], env=fake_env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["taken_while_pinning"] and out["first_alone"], out
+    assert out["all_from_ahead"] and out["pinned_by_ahead_only"], out
+    assert out["failed"].endswith("no pinned memory left") and out["kept_still_given"], out
