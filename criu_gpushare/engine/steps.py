@@ -58,9 +58,9 @@ import time
 from .. import waits
 from ..errors import BusyError, Error, ProcessError, StoreError
 from ..gpu import checkpoint_api as ck, driver as drv
-from ..gpu.copy_engine import CHUNK_SIZE, CopyEngine, CopyStats, LoadItem, SaveItem, ring_size
+from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
 from ..gpu.devices import DeviceMap, workload_devices_map
-from ..gpu.memory import ImportedAllocation, pin_ahead, retain_ahead
+from ..gpu.memory import ImportedAllocation, retain_ahead
 from ..shimctl import client as control
 from ..store.manifest import Manifest, ProcessEntry
 from ..store.backend import open_store
@@ -194,11 +194,10 @@ class Group:
         elif started is None and drv.start_seconds() is not None:  # the state queries started CUDA
             self.parts["discover"] = {"discover: CUDA start (bindings, cuInit)": drv.start_seconds()}
         self._plan()
-        # the save's contexts are made while the journal is written and the shims quiesce, and
-        # its ring pinned meanwhile (the save takes each buffer as it is ready)
+        # the save's contexts are made while the journal is written and the shims quiesce (its
+        # ring is not pinned meanwhile: that slowed the release beside it, bench/RESULTS.md
+        # "nineteenth")
         retain_ahead(sorted({self.tool_device(u) for u in self.units}))
-        if self.units:
-            pin_ahead(CHUNK_SIZE, ring_size(sum(u.size for u in self.units)), self.tool_device(self.units[0]))
         self.gpus = [uuid for _, _, uuid in drv.gpus()] if self.pids_with_cuda() else []
 
     @property

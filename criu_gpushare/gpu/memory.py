@@ -229,9 +229,8 @@ def pin_ahead(size, count, device):
     """Begin pinning now, on PIN_THREADS threads of GPU `device`'s context, what the next
     PinnedRing(size, count) of this process lacks (what is kept or pinned ahead already counts):
     that ring takes each buffer as it is pinned, so a save or load that starts meanwhile waits for
-    its first buffers only. For a holder that saves once its group is quiesced and released (the
-    ring pinned meanwhile), for one whose save copied nothing and that loads next, for a restore
-    while CRIU restores the processes. A failure is printed; the ring that takes a buffer that
+    its first buffers only. For a holder whose save copied nothing and that loads next, for a
+    restore while CRIU restores the processes. A failure is printed; the ring that takes a buffer that
     failed raises its error where it asks for it, as for one it pinned itself."""
     with _kept_lock:
         have = sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
