@@ -8,7 +8,8 @@ Loading: workers read chunks from the store into the slots ahead of time (in par
 each filled slot is copied host->device on the stream; a slot is refilled once its copy has ended.
 All-zero chunks are never stored and are loaded with a memset. An allocation already loaded into
 the tool's own GPU memory (gpu/staging.py, while CRIU restored the processes) is copied device to
-device.
+device; a chunk whose file was registered with the driver ahead (gpu/file_pages.py: a suspended
+group's store in memory) is copied from that file's own pages, taking no slot.
 
 Unchanged chunks never cross the link (store/FORMAT.md section 13): before copying an allocation,
 the engine computes every chunk's id on the GPU (fingerprint.GpuHasher: XXH3-128, the store's
