@@ -230,8 +230,8 @@ def pin_ahead(size, count, device):
     PinnedRing(size, count) of this process lacks (what is kept or pinned ahead already counts):
     that ring takes each buffer as it is pinned, so a save or load that starts meanwhile waits for
     its first buffers only. For a holder whose save copied nothing and that loads next, for a
-    restore while CRIU restores the processes. A failure is printed; the ring that takes a buffer that
-    failed raises its error where it asks for it, as for one it pinned itself."""
+    restore while CRIU restores the processes. Best effort: a failure is printed, and the ring that
+    took a buffer that failed pins that one itself when it is asked for."""
     with _kept_lock:
         have = sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
         futures = [concurrent.futures.Future() for _ in range(count - have)]
@@ -243,7 +243,7 @@ def pin_ahead(size, count, device):
         try:
             use_device(device)
             pool, made = pin_pool(size, len(futures))
-        except Exception as e:  # noqa: BLE001 - told to the ring that takes them
+        except Exception as e:  # noqa: BLE001 - the ring that takes them pins them itself
             print(f"pinning the ring ahead failed: {e}", flush=True)
             for future in futures:
                 future.set_exception(e)
@@ -270,8 +270,8 @@ class PinnedRing:
     background in slot order. ring[i] waits for buffer i alone, so the first copies start once
     the first buffers are pinned, not the whole ring (0.2 s for 1 GiB on the H200); the seconds the
     thread that made the ring waited go to on_wait(seconds) (other threads wait beside it: theirs
-    would count the same stretch many times). A buffer that could not be pinned, here or ahead,
-    raises its error where it is asked for."""
+    would count the same stretch many times). A buffer pinned ahead that failed is pinned here when
+    asked for; one that could not be pinned here raises its error where it is asked for."""
 
     def __init__(self, size, count, on_wait=None):
         with _kept_lock:
@@ -286,6 +286,9 @@ class PinnedRing:
             done.set_result(b)
             self._futures.append(done)
         self._futures += ahead
+        self._ahead = set(ahead)  # pinned again here if they failed (pin_ahead is best effort)
+        self._context = drv.check(drv.driver().cuCtxGetCurrent(), "get the current context")
+        self._again = threading.Lock()
         if count > len(self._futures):
             try:
                 pool, made = pin_pool(size, count - len(self._futures))
@@ -294,6 +297,7 @@ class PinnedRing:
                 raise
             pool.shutdown(wait=False)  # its threads end once the last buffer is pinned
             self._futures += made
+        self._size = size
         self._on_wait = on_wait or (lambda seconds: None)
         self._owner = threading.get_ident()
 
@@ -307,6 +311,11 @@ class PinnedRing:
             concurrent.futures.wait([future])
             if threading.get_ident() == self._owner:
                 self._on_wait(time.monotonic() - t)
+        if future in self._ahead and future.exception() is not None:
+            with self._again:
+                if self._futures[i] is future:  # the first thread to ask pins it again
+                    self._futures[i] = _pinned_now(self._size, self._context)
+            future = self._futures[i]
         return future.result()
 
     def __iter__(self):
@@ -318,6 +327,17 @@ class PinnedRing:
         buffers = [f.result() for f in self._futures if f.exception() is None]
         self._futures = []
         return buffers
+
+
+def _pinned_now(size, context):
+    """A finished future of a PinnedBuffer of size bytes pinned now in `context`, or of its error."""
+    future = concurrent.futures.Future()
+    try:
+        drv.check(drv.driver().cuCtxSetCurrent(context), "make the ring's context current")
+        future.set_result(PinnedBuffer(size))
+    except Exception as e:  # noqa: BLE001 - raised where the buffer is asked for
+        future.set_exception(e)
+    return future
 
 
 def keep_pinned(buffers):

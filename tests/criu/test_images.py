@@ -147,7 +147,8 @@ def test_the_image_s_memory_is_told_by_what_it_belongs_to(criu, tmp_path, proces
     assert kinds["file data.bin (private)"] == 1 << 20
     assert list(kinds.values()) == sorted(kinds.values(), reverse=True)
     assert found["largest"][0]["kind"] == "anonymous private"
-    assert found["largest"][0]["bytes"] == 32 << 20 and found["largest"][0]["pid"] == proc.pid
+    # at least the 32 MiB: the kernel may merge the mapping with an anonymous neighbour it touches
+    assert found["largest"][0]["bytes"] >= 32 << 20 and found["largest"][0]["pid"] == proc.pid
     written = sum(os.path.getsize(p) for p in out.glob("pages-*.img"))
     assert sum(kinds.values()) == written
 
