@@ -248,15 +248,27 @@ def parse_duration(raw, where="duration"):
     return value
 
 
+ON_WORDS = ("1", "true", "yes", "on")
+OFF_WORDS = ("0", "false", "no", "off")
+
+
 def _parse_bool(raw, where):
     if isinstance(raw, bool):
         return raw
     text = str(raw).strip().lower()
-    if text in ("1", "true", "yes", "on"):
+    if text in ON_WORDS:
         return True
-    if text in ("0", "false", "no", "off", ""):
+    if text in OFF_WORDS + ("",):
         return False
     raise ConfigError(f"{where}: expected true or false, got {raw!r}")
+
+
+def env_switch(name, environ=None):
+    """An environment variable that switches a behaviour on or off: True where it says
+    1/true/yes/on, False where 0/false/no/off, None where it is unset or says anything else (the
+    behaviour's default then holds)."""
+    text = (os.environ if environ is None else environ).get(name, "").strip().lower()
+    return True if text in ON_WORDS else False if text in OFF_WORDS else None
 
 
 _PARSERS = {"path": _parse_path, "location": _parse_location, "size": parse_size, "duration": parse_duration,

@@ -14,8 +14,7 @@ MARGIN (this process's context and ring) and PER_PROCESS for each restored proce
 brings their contexts back after this began). Allocations are taken whole, in the plan's order,
 while they fit; the others load as before. CRIU_GPUSHARE_LOAD_AHEAD=0 turns it off.
 """
-import os
-
+from ..config import env_switch
 from ..gpu import file_pages
 from ..gpu.memory import free_memory
 from ..gpu.staging import StagedLoad
@@ -28,8 +27,7 @@ PER_PROCESS = 1 << 30
 
 def enabled(environ=None):
     """False when CRIU_GPUSHARE_LOAD_AHEAD says 0/no/false/off."""
-    value = (os.environ if environ is None else environ).get(ENV_SWITCH, "1")
-    return value.strip().lower() not in ("0", "no", "false", "off")
+    return env_switch(ENV_SWITCH, environ) is not False
 
 
 def start(group, report=print):

@@ -429,7 +429,7 @@ class CopyEngine:
 
         def pages_of(chunk):  # its file's registered pages, or None: read into the ring
             pages = self.registered.get(chunk.id)
-            return pages if pages is not None and pages.length == chunk.length else None
+            return pages if pages is not None and pages.size == chunk.length else None
         need_ring = any(pages_of(items[k].allocation.chunks[i]) is None for k, i in order)
         for item in items:
             self.prepare(item.device, ring=need_ring)

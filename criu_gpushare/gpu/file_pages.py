@@ -21,16 +21,15 @@ registering (what was made is kept) with one warning. While registered, the page
 of GPU memory per GiB (80 MiB for 40 GiB on an H100).
 """
 import atexit
-import ctypes
 import logging
 import mmap
 import os
 import threading
 import time
 
-from . import driver as drv
+from ..config import env_switch
 from .aside import Aside
-from .memory import map_pages, unmap_pages, use_device
+from .memory import RegisteredPages, map_pages, use_device
 
 log = logging.getLogger(__name__)
 
@@ -38,43 +37,28 @@ ENV_SWITCH = "CRIU_GPUSHARE_PAGES_IN_PLACE"
 # CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY: copies from any of this process's
 # contexts (every GPU) may read them; the driver never writes them
 _FLAGS = 0x01 | 0x08
-_PAGE = mmap.PAGESIZE
 
 
 def wanted(pages, environ=None):
     """Whether to register chunk files, given where the store keeps their bytes
     (Store.chunk_pages: "huge", "small" or None): on huge pages unless CRIU_GPUSHARE_PAGES_IN_PLACE
     says 0/no/false/off, on small pages only where it says 1/yes/true/on."""
-    value = (os.environ if environ is None else environ).get(ENV_SWITCH, "").strip().lower()
-    if pages is None or value in ("0", "no", "false", "off"):
-        return False
-    return pages == "huge" or value in ("1", "yes", "true", "on")
+    switch = env_switch(ENV_SWITCH, environ)
+    return pages is not None and switch is not False and (pages == "huge" or switch is True)
 
 
-class FilePages:
+class FilePages(RegisteredPages):
     """Chunk `cid` of `store` (its file checked by Store.open_chunk) mapped read-only, its pages
-    mapped in now, and registered with the driver: .ptr to copy from, .view to hash on the host;
-    release() undoes both. A DriverError from the registration leaves nothing behind."""
+    mapped in now, and registered with the driver (RegisteredPages: .ptr to copy from, .view to
+    hash on the host, free())."""
 
     def __init__(self, store, cid, length):
         fd = store.open_chunk(cid, length)
         try:
-            self.ptr = map_pages(length, mmap.PROT_READ, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd)
+            ptr = map_pages(length, mmap.PROT_READ, mmap.MAP_SHARED | mmap.MAP_POPULATE, fd)
         finally:
             os.close(fd)  # the mapping keeps the file's pages
-        self.length = length
-        try:
-            drv.check(drv.driver().cuMemHostRegister(self.ptr, -(-length // _PAGE) * _PAGE, _FLAGS),
-                      f"register the pages of chunk file {store.chunk_path(cid)}")
-        except BaseException:
-            unmap_pages(self.ptr, length)
-            raise
-        self.view = memoryview((ctypes.c_char * length).from_address(self.ptr)).cast("B")
-
-    def release(self):
-        self.view.release()
-        drv.driver().cuMemHostUnregister(self.ptr)
-        unmap_pages(self.ptr, self.length)
+        super().__init__(ptr, length, _FLAGS, f"register the pages of chunk file {store.chunk_path(cid)}")
 
 
 class RegisteredAhead(Aside):
@@ -101,7 +85,7 @@ class RegisteredAhead(Aside):
                         break
                     if cid not in self.pages:
                         self.pages[cid] = FilePages(store, cid, length)
-            done = sum(p.length for p in self.pages.values()) / 2**30
+            done = sum(p.size for p in self.pages.values()) / 2**30
             print(f"registered {len(self.pages)} of {len(self.chunks)} chunk files ({done:.2f} GiB) "
                   f"for the resume in {time.monotonic() - t0:.2f} s", flush=True)
         except Exception as e:  # noqa: BLE001 - what is registered is used, the rest read as before
@@ -131,7 +115,7 @@ def release_later(pages, device):
         use_device(device)
         for p in pages:
             try:
-                p.release()
+                p.free()
             except Exception as e:  # noqa: BLE001 - the process's exit frees what is left
                 log.warning("releasing a chunk file's pages failed: %s", e)
         print(f"released {len(pages)} registered chunk files in {time.monotonic() - t0:.2f} s", flush=True)

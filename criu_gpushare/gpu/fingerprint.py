@@ -20,6 +20,7 @@ import logging
 import os
 import random
 
+from ..config import env_switch
 from ..errors import DriverError, NoGpuError
 from ..store.layout import chunk_id
 from . import driver as drv
@@ -39,7 +40,7 @@ SELF_TEST_LENGTHS = (0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 1025, 6
 
 def enabled():
     """False when CRIU_GPUSHARE_GPU_HASH says 0/no/false/off (then every chunk crosses the link)."""
-    return os.environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "no", "false", "off")
+    return env_switch(ENV_SWITCH) is not False
 
 
 def load_ptx():

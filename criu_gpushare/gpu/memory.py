@@ -122,7 +122,28 @@ class ImportedAllocation:
         self.close()
 
 
-class PinnedBuffer:
+class RegisteredPages:
+    """Host pages this process mapped (map_pages), registered with the driver so that copies run
+    at link speed: .ptr, .size, .view (a memoryview over them); free() unregisters and unmaps
+    them. `flags`: cuMemHostRegister's; a failure to register unmaps them and raises DriverError
+    naming `what`."""
+
+    def __init__(self, ptr, size, flags, what):
+        try:  # whole pages: a chunk file's last page may be short
+            drv.check(drv.driver().cuMemHostRegister(ptr, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE, flags), what)
+        except BaseException:
+            unmap_pages(ptr, size)
+            raise
+        self.ptr, self.size = ptr, size
+        self.view = memoryview((ctypes.c_char * size).from_address(ptr)).cast("B")
+
+    def free(self):
+        self.view.release()
+        drv.driver().cuMemHostUnregister(self.ptr)
+        unmap_pages(self.ptr, self.size)
+
+
+class PinnedBuffer(RegisteredPages):
     """Page-locked host memory with a memoryview over it (pinning is slow: keep and reuse).
 
     Not cuMemHostAlloc: the driver zeroes that memory 4 KiB page by page in the calling thread
@@ -134,23 +155,11 @@ class PinnedBuffer:
     """
 
     def __init__(self, size):
-        cu = drv.driver()
-        self.size = size
         # with unified addressing, the host address is also the one copies take
-        self.ptr = map_pages(size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        try:
-            for advice in (_MADV_HUGEPAGE, _MADV_DONTFORK, _MADV_POPULATE_WRITE):
-                _libc.madvise(self.ptr, size, advice)  # best effort: registering faults in the rest
-            drv.check(cu.cuMemHostRegister(self.ptr, size, 0), f"pin {size} bytes of host memory")
-        except BaseException:
-            unmap_pages(self.ptr, size)
-            raise
-        self.view = memoryview((ctypes.c_char * size).from_address(self.ptr)).cast("B")
-
-    def free(self):
-        self.view.release()
-        drv.driver().cuMemHostUnregister(self.ptr)
-        unmap_pages(self.ptr, self.size)
+        ptr = map_pages(size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        for advice in (_MADV_HUGEPAGE, _MADV_DONTFORK, _MADV_POPULATE_WRITE):
+            _libc.madvise(ptr, size, advice)  # best effort: registering faults in the rest
+        super().__init__(ptr, size, 0, f"pin {size} bytes of host memory")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

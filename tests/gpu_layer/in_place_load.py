@@ -37,8 +37,8 @@ class Counted(file_pages.FilePages):
         super().__init__(*args)
         Counted.made += 1
 
-    def release(self):
-        super().release()
+    def free(self):
+        super().free()
         Counted.released += 1
 
 
