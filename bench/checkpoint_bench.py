@@ -116,9 +116,10 @@ def parse_args(argv=None):
                          "warm resume is slower than a cold one, or the hook within 10%% of the wrapper, "
                          "is a question of a few percent: one cycle cannot answer it)")
     ap.add_argument("--suspended-s", type=float, default=0.0,
-                    help="seconds each tool and tool-warm row stays suspended before its resume "
-                         "(default 0: resumed at once); a store in memory gets its chunk files "
-                         "registered for the resume meanwhile (README, Usage)")
+                    help="seconds each tool and tool-warm row stays suspended before its resume, "
+                         "and runs after it before the next suspend (default 0: resumed at once); a "
+                         "store in memory gets its chunk files registered for the resume meanwhile "
+                         "(README, Usage)")
     ap.add_argument("--criu", action="store_true", help="also through CRIU: criu-gpushare dump / restore")
     ap.add_argument("--precheck", action="store_true",
                     help="criu rows: also time `store verify` of the dump's chunks before the restore "
@@ -253,6 +254,10 @@ class Bench:
                                              ["resume", wl.pids[0]], self.env, a.call_timeout,
                                              between=lambda: time.sleep(a.suspended_s)):
                             wl.kill()  # whatever state it is in, the next row starts afresh
+                        # a resumed holder undoes its registrations in the background for a few
+                        # tenths of a second: a group runs as long as it stayed suspended before
+                        # the next suspend, so that suspend is not timed against that release
+                        time.sleep(a.suspended_s)
                         measured[path].append(row)
                         if a.cycles > 1:
                             self.log(f"{name}/{path}/{target} cycle {cycle + 1}: out {row.out_s} s, "
@@ -577,7 +582,7 @@ def main(argv=None):
     finally:
         bench.close()
     total = time.monotonic() - t0
-    suspended = f"; tool rows resumed after {args.suspended_s:g} s suspended" if args.suspended_s else ""
+    suspended = f"; tool rows resumed after {args.suspended_s:g} s suspended, run as long before the next suspend" if args.suspended_s else ""
     title = (f"criu-gpushare in place vs the driver alone, scale {args.scale}, {total:.0f} s in all{suspended}\n"
              + "\n".join(f"  {n}: {specs[n][2]}" for n in names) + "\n" + rates_text(rates)
              + ("\n" + rates_text(rates_after, " after the rows") if rates_after else ""))
