@@ -33,8 +33,8 @@ class Aside:
     def stopping(self):
         return self._stop.is_set()
 
-    def join(self):
-        self._thread.join()
+    def join(self, timeout=None):
+        self._thread.join(timeout)
 
     def halt(self):
         """Ask run() to stop at its next piece, and wait for it (nothing to wait for before start)."""

@@ -100,7 +100,28 @@ class RegisteredAhead(Aside):
         return pages
 
 
-_releasing = []  # threads of release_later not yet joined
+class _Release(Aside):
+    """`pages` (FilePages) unregistered and unmapped, GPU `device`'s context current."""
+
+    thread_name = "release-file-pages"
+
+    def __init__(self, pages, device):
+        self.pages, self.device = pages, device
+        super().__init__()
+
+    def run(self):
+        t0 = time.monotonic()
+        use_device(self.device)
+        for p in self.pages:
+            try:
+                p.free()
+            except Exception as e:  # noqa: BLE001 - the process's exit frees what is left
+                log.warning("releasing a chunk file's pages failed: %s", e)
+        print(f"released {len(self.pages)} registered chunk files in {time.monotonic() - t0:.2f} s",
+              flush=True)
+
+
+_releasing = []  # release_later's releases not yet waited for
 _releasing_lock = threading.Lock()
 
 
@@ -109,29 +130,18 @@ def release_later(pages, device):
     current there; wait_released waits for it (and Python's exit does)."""
     if not pages:
         return
-
-    def release():
-        t0 = time.monotonic()
-        use_device(device)
-        for p in pages:
-            try:
-                p.free()
-            except Exception as e:  # noqa: BLE001 - the process's exit frees what is left
-                log.warning("releasing a chunk file's pages failed: %s", e)
-        print(f"released {len(pages)} registered chunk files in {time.monotonic() - t0:.2f} s", flush=True)
-
-    thread = threading.Thread(target=release, name="release-file-pages", daemon=True)
+    release = _Release(pages, device)
     with _releasing_lock:
-        _releasing.append(thread)
-    thread.start()
+        _releasing.append(release)
+    release.start()
 
 
 def wait_released(timeout=None):
-    """Wait for every release_later thread of this process (at most `timeout` seconds each)."""
+    """Wait for every release_later of this process (at most `timeout` seconds each)."""
     with _releasing_lock:
-        threads, _releasing[:] = list(_releasing), []
-    for thread in threads:
-        thread.join(timeout)
+        releases, _releasing[:] = list(_releasing), []
+    for release in releases:
+        release.join(timeout)
 
 
 atexit.register(wait_released, 60)

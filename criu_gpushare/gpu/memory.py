@@ -195,17 +195,17 @@ def pin_pool(size, count, threads=None):
     """(a pool of `threads` threads (PIN_THREADS where None), [count futures of new PinnedBuffers
     of size bytes, in order]), each made in the caller's current context; the caller shuts the
     pool down."""
-    cu = drv.driver()
-    ctx = drv.check(cu.cuCtxGetCurrent(), "get the current context")
-
-    def one(_):
-        drv.check(cu.cuCtxSetCurrent(ctx), "make the context current")
-        return PinnedBuffer(size)
-
+    ctx = drv.check(drv.driver().cuCtxGetCurrent(), "get the current context")
     prefix = f"{threading.current_thread().name}-pin"  # whose pinning it is, e.g. pin-ahead-pin_1
     pool = concurrent.futures.ThreadPoolExecutor(min(count, threads or PIN_THREADS),
                                                  thread_name_prefix=prefix)
-    return pool, [pool.submit(one, i) for i in range(count)]
+    return pool, [pool.submit(_pinned_in, ctx, size) for _ in range(count)]
+
+
+def _pinned_in(context, size):
+    """A new PinnedBuffer of size bytes, made with `context` current in the calling thread."""
+    drv.check(drv.driver().cuCtxSetCurrent(context), "make the context current")
+    return PinnedBuffer(size)
 
 
 def pin_buffers(size, count):
@@ -342,8 +342,7 @@ def _pinned_now(size, context):
     """A finished future of a PinnedBuffer of size bytes pinned now in `context`, or of its error."""
     future = concurrent.futures.Future()
     try:
-        drv.check(drv.driver().cuCtxSetCurrent(context), "make the ring's context current")
-        future.set_result(PinnedBuffer(size))
+        future.set_result(_pinned_in(context, size))
     except Exception as e:  # noqa: BLE001 - raised where the buffer is asked for
         future.set_exception(e)
     return future

@@ -90,7 +90,8 @@ def test_a_resume_copies_the_chunk_files_registered_while_it_was_suspended(lc, w
             if switch:
                 assert 0 < out["loaded_in_place"] <= out["copied"], out
                 # the holder undid the registrations before it ended
-                since = lambda: lc.holder_log().split("chunk files (")[-1]  # noqa: E731
+                def since():  # the holder's log from its last registering on
+                    return lc.holder_log().split("chunk files (")[-1]
                 assert _wait_for(lambda: "holder done" in since()), lc.holder_log()
                 assert "registered chunk files in" in since(), lc.holder_log()
             else:
