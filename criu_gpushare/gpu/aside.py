@@ -1,5 +1,6 @@
 """Work done in a thread of its own while the caller goes on (a load ahead, chunk files
-registered ahead): started by start(), timed, asked to stop between its pieces."""
+registered ahead, and released after a resume): started by start(), timed, asked to stop between
+its pieces."""
 import threading
 import time
 
