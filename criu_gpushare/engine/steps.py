@@ -196,7 +196,7 @@ class Group:
         self._plan()
         # the save's contexts are made while the journal is written and the shims quiesce (its
         # ring is not pinned meanwhile: that slowed the release beside it, bench/RESULTS.md
-        # "nineteenth")
+        # "nineteenth"; a suspend's holder pins it from the save's start, CopyEngine's pin_ahead)
         retain_ahead(sorted({self.tool_device(u) for u in self.units}))
         self.gpus = [uuid for _, _, uuid in drv.gpus()] if self.pids_with_cuda() else []
 

@@ -112,9 +112,11 @@ class CopyEngine:
         chunk even where the GPU could tell it unchanged (CRIU_GPUSHARE_GPU_HASH=0 does too).
         total_bytes, when the caller knows what it will move, caps the pinned ring to it: pinning
         1 GiB costs a near-empty process more than its whole copy. pin_ahead: a save in a process
-        that loads next (a suspend's holder): when nothing crossed the link, so no ring was pinned,
-        the load's ring is pinned in the background from close() on (memory.pin_ahead), and a
-        resume of unchanged memory pays for it no more than one after a full copy. registered:
+        that loads next (a suspend's holder), which needs a ring either way (the save's, kept for
+        the load, or, when nothing crosses the link, the load's): it is pinned in the background
+        from the save's first step on (memory.pin_ahead), beside the GPU start and the hashing
+        that come before the first copy, and a resume of unchanged memory pays for it no more
+        than one after a full copy. registered:
         {chunk id: file_pages.FilePages} registered ahead (a suspended group's chunk files): a
         load copies those chunks from their files' own pages, the others through the ring."""
         if total_bytes is not None:
@@ -144,8 +146,6 @@ class CopyEngine:
             if hasher is not None:
                 hasher.close()
         keep_pinned(self._ring.release() if self._ring else [])  # for the next engine of this process
-        if self.pin_ahead and self._ring is None and self._streams:
-            pin_ahead(self.chunk_size, self.ring_slots, next(iter(self._streams)))
         self._ring = None
         for stream in [*self._streams.values(), *(s for ss in self._hash_stream_sets.values() for s in ss)]:
             cu.cuStreamDestroy(stream)
@@ -165,6 +165,8 @@ class CopyEngine:
         cu = drv.driver()
         t = time.monotonic()
         use_device(device)
+        if self.pin_ahead and not self._streams and self._ring is None:
+            pin_ahead(self.chunk_size, self.ring_slots, device)  # see __init__: needed either way
         if device not in self._streams:
             flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING
             self._streams[device] = drv.check(cu.cuStreamCreate(flags), "create a copy stream")

@@ -9,7 +9,8 @@ nothing, counts it `unchanged` and refreshes the chunks' mtimes; a chunk removed
 rewritten on the device, crosses the link again, put under its device id without hashing it again
 unless it is the first of its length copied (or every 64th); a hasher that lies about such a chunk
 makes the save fail, and so does memory written between its hashing and the end of its copy; a
-save that copied nothing in a process that loads next (pin_ahead) leaves the load a ring already pinned;
+save in a process that loads next (pin_ahead) pins its ring ahead from its start, and one that copied
+nothing leaves it to the load;
 memory written mid-save in one allocation of a group fails the save, naming it.
 Prints one JSON line.
 """
@@ -117,6 +118,7 @@ def main():
                 out["lie"] = str(e)
         out["hasher_calls"] = hasher.calls
         out["pin_ahead"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3)
+        out["pin_ahead_copied"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3, lose=2)
         out["changed"] = written_while_saved(session, store, mem, size, chunk, alloc3)  # it writes
         out["changed_in_group"] = written_in_a_group(session, store, mem, size, chunk)
     json.dump(out, sys.stdout)
@@ -150,9 +152,12 @@ def written_while_saved(session, store, mem, size, chunk, alloc):
             return str(e)
 
 
-def pinned_for_the_load(session, store, mem, size, chunk, alloc):
-    """A suspend of unchanged memory, then its resume, in one holder: buffers pinned ahead (in the
-    background, after the save's engine) and on the load's path."""
+def pinned_for_the_load(session, store, mem, size, chunk, alloc, lose=None):
+    """A suspend, then its resume, in one holder: buffers pinned ahead (in the background, from
+    the save's start) and on the save's or the load's path. The memory is unchanged, but for
+    chunk `lose` of alloc, removed from the store first: the save copies it."""
+    if lose is not None:
+        os.unlink(store.chunks.chunk_path(alloc.chunks[lose].id))
     with memory._kept_lock:  # what earlier engines kept: none of it for this case
         for b in memory._kept:
             b.free()
