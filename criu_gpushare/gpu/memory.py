@@ -238,9 +238,10 @@ def pin_ahead(size, count, device):
     """Begin pinning now, on PIN_THREADS threads of GPU `device`'s context, what the next
     PinnedRing(size, count) of this process lacks (what is kept or pinned ahead already counts):
     that ring takes each buffer as it is pinned, so a save or load that starts meanwhile waits for
-    its first buffers only. For a suspend's holder from its save's start (CopyEngine's pin_ahead),
-    for a restore while CRIU restores the processes. Best effort: a failure is printed, and the ring that
-    took a buffer that failed pins that one itself when it is asked for."""
+    its first buffers only. For a suspend's holder from its save's start (CopyEngine's
+    pin_ahead), for a restore while CRIU restores the processes. Best effort: a failure is
+    printed, and the ring that took a buffer that failed pins that one itself when it is asked
+    for."""
     with _kept_lock:
         have = sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
         futures = [concurrent.futures.Future() for _ in range(count - have)]
