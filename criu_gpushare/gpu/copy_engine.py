@@ -165,7 +165,7 @@ class CopyEngine:
         cu = drv.driver()
         t = time.monotonic()
         use_device(device)
-        if self.pin_ahead and not self._streams and self._ring is None:
+        if self.pin_ahead and not self._streams:  # the first step: no ring can exist yet
             pin_ahead(self.chunk_size, self.ring_slots, device)  # see __init__: needed either way
         if device not in self._streams:
             flags = cu.CUstream_flags.CU_STREAM_NON_BLOCKING

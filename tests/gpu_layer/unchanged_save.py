@@ -117,8 +117,8 @@ def main():
             except DriverError as e:
                 out["lie"] = str(e)
         out["hasher_calls"] = hasher.calls
-        out["pin_ahead"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3)
-        out["pin_ahead_copied"] = pinned_for_the_load(session, store, mem, size, chunk, alloc3, lose=2)
+        out["pin_ahead"] = pinned_in_a_holder(session, store, mem, size, chunk, alloc3)
+        out["pin_ahead_copied"] = pinned_in_a_holder(session, store, mem, size, chunk, alloc3, lose=2)
         out["changed"] = written_while_saved(session, store, mem, size, chunk, alloc3)  # it writes
         out["changed_in_group"] = written_in_a_group(session, store, mem, size, chunk)
     json.dump(out, sys.stdout)
@@ -152,7 +152,7 @@ def written_while_saved(session, store, mem, size, chunk, alloc):
             return str(e)
 
 
-def pinned_for_the_load(session, store, mem, size, chunk, alloc, lose=None):
+def pinned_in_a_holder(session, store, mem, size, chunk, alloc, lose=None):
     """A suspend, then its resume, in one holder: buffers pinned ahead (in the background, from
     the save's start) and on the save's or the load's path. The memory is unchanged, but for
     chunk `lose` of alloc, removed from the store first: the save copies it."""
