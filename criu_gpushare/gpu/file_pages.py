@@ -29,14 +29,14 @@ import time
 
 from ..config import env_switch
 from .aside import Aside
-from .memory import RegisteredPages, map_pages, use_device
+from .memory import REGISTER_PORTABLE, RegisteredPages, map_pages, use_device
 
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "CRIU_GPUSHARE_PAGES_IN_PLACE"
-# CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_READ_ONLY: copies from any of this process's
-# contexts (every GPU) may read them; the driver never writes them
-_FLAGS = 0x01 | 0x08
+# portable and CU_MEMHOSTREGISTER_READ_ONLY: copies from any of this process's contexts (every GPU)
+# may read them; the driver never writes them
+_FLAGS = REGISTER_PORTABLE | 0x08
 
 
 def wanted(pages, environ=None):

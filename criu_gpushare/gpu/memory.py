@@ -151,7 +151,9 @@ class PinnedBuffer(RegisteredPages):
     the buffer is this process's own anonymous mapping, asked for in 2 MiB pages
     (MADV_HUGEPAGE), faulted in by the kernel (MADV_POPULATE_WRITE; pin_buffers does many buffers
     on many threads) and then registered with the driver (cuMemHostRegister): 1 GiB in 0.22 s on
-    one thread. MADV_DONTFORK: a child (CRIU, a holder) gets no copy of pinned pages.
+    one thread. MADV_DONTFORK: a child (CRIU, a holder) gets no copy of pinned pages. Registered
+    portable: one ring serves every GPU of a group, each copying from its own context (pinned for
+    the registering context alone, the others' copies would be staged through pageable memory).
     """
 
     def __init__(self, size):
@@ -159,7 +161,7 @@ class PinnedBuffer(RegisteredPages):
         ptr = map_pages(size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         for advice in (_MADV_HUGEPAGE, _MADV_DONTFORK, _MADV_POPULATE_WRITE):
             _libc.madvise(ptr, size, advice)  # best effort: registering faults in the rest
-        super().__init__(ptr, size, 0, f"pin {size} bytes of host memory")
+        super().__init__(ptr, size, REGISTER_PORTABLE, f"pin {size} bytes of host memory")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -169,6 +171,7 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MADV_DONTFORK, _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 10, 14, 23  # <asm-generic/mman-common.h>
+REGISTER_PORTABLE = 0x01  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context of this process
 
 
 def map_pages(size, prot, flags, fd=-1):

@@ -25,6 +25,8 @@ bufs = memory.pin_buffers(MIB, 5)
 memory.PinnedBuffer = real
 out["count"], out["threads"] = len(bufs), len(threads)
 out["registered"] = all(registered(b) for b in bufs)
+# one ring serves every GPU of a group: pinned for each context, not the registering one alone
+out["portable"] = all(cu.cuMemHostGetFlags(b.ptr)[1] & 0x01 for b in bufs)  # ..._PORTABLE
 spans = sorted((b.ptr, b.ptr + b.size) for b in bufs)
 out["apart"] = all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
 dev = drv.check(cu.cuMemAlloc(MIB), "alloc")
@@ -61,6 +63,7 @@ def test_pinned_buffers_are_registered_apart_and_freed(fake_env):
     out = json.loads(r.stdout)
     assert out["count"] == 5 and out["threads"] > 1, out  # made on a pool of threads
     assert out["registered"] and out["apart"] and out["copied"], out
+    assert out["portable"], out  # a group's GPUs other than the first copy through them at link speed
     assert out["unregistered_after_free"], out
     # one buffer that cannot be pinned: the error, and every buffer already made given back
     assert out["failure"].endswith("no pinned memory left") and out["freed_on_failure"], out
