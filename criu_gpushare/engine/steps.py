@@ -58,9 +58,9 @@ import time
 from .. import waits
 from ..errors import BusyError, Error, ProcessError, StoreError
 from ..gpu import checkpoint_api as ck, driver as drv
-from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem
+from ..gpu.copy_engine import CHUNK_SIZE, CopyEngine, CopyStats, LoadItem, SaveItem, ring_size
 from ..gpu.devices import DeviceMap, workload_devices_map
-from ..gpu.memory import ImportedAllocation, retain_ahead
+from ..gpu.memory import ImportedAllocation, fault_in_ahead, retain_ahead
 from ..shimctl import client as control
 from ..store.manifest import Manifest, ProcessEntry
 from ..store.backend import open_store
@@ -196,8 +196,11 @@ class Group:
         self._plan()
         # the save's contexts are made while the journal is written and the shims quiesce (its
         # ring is not pinned meanwhile: that slowed the release beside it, bench/RESULTS.md
-        # "nineteenth"; a suspend's holder pins it from the save's start, CopyEngine's pin_ahead)
+        # "nineteenth"; a suspend's holder pins it from the save's start, CopyEngine's pin_ahead,
+        # its pages faulted in from now on: no driver call in that)
         retain_ahead(sorted({self.tool_device(u) for u in self.units}))
+        if self.options.pin_ahead and self.units:
+            fault_in_ahead(CHUNK_SIZE, ring_size(sum(u.size for u in self.units)))
         self.gpus = [uuid for _, _, uuid in drv.gpus()] if self.pids_with_cuda() else []
 
     @property

@@ -9,6 +9,7 @@ import time
 from .. import waits
 from ..errors import GroupHeld, ProcessError
 from ..gpu.file_pages import release_later, wait_released
+from ..gpu.memory import drop_faulted
 from . import ahead, holder, journal as jn, results
 from .runner import Runner, SuspendHeld
 from .steps import IN_PLACE, Group, Options
@@ -41,6 +42,7 @@ class SuspendWork(holder.Work):
             # records the group before each step; a cancel from `suspend`'s Ctrl-C is asked between
             Runner(self.group, self.journal, self.cancel).run(IN_PLACE)
         except GroupHeld as e:
+            drop_faulted()  # the ring's pages faulted in for a save that did not take them all
             self.waiting_for = [p for p in self.group.pids if waits.stopped(p)]
             if self.waiting_for and isinstance(e, SuspendHeld):
                 e = GroupHeld(self._held_for_stopped(e))

@@ -150,7 +150,7 @@ class PinnedBuffer(RegisteredPages):
     (1.6 GB/s measured on the H200 host: 0.6 s for the 1 GiB ring, paid by every cold save). Here
     the buffer is this process's own anonymous mapping, asked for in 2 MiB pages
     (MADV_HUGEPAGE), faulted in by the kernel (MADV_POPULATE_WRITE; pin_buffers does many buffers
-    on many threads) and then registered with the driver (cuMemHostRegister): 1 GiB in 0.22 s on
+    on many threads, fault_in_ahead before they are asked for) and then registered with the driver (cuMemHostRegister): 1 GiB in 0.22 s on
     one thread. MADV_DONTFORK: a child (CRIU, a holder) gets no copy of pinned pages. Registered
     portable: one ring serves every GPU of a group, each copying from its own context (pinned for
     the registering context alone, the others' copies would be staged through pageable memory).
@@ -158,10 +158,17 @@ class PinnedBuffer(RegisteredPages):
 
     def __init__(self, size):
         # with unified addressing, the host address is also the one copies take
-        ptr = map_pages(size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        for advice in (_MADV_HUGEPAGE, _MADV_DONTFORK, _MADV_POPULATE_WRITE):
-            _libc.madvise(ptr, size, advice)  # best effort: registering faults in the rest
+        ptr = _pages_for(size)
         super().__init__(ptr, size, REGISTER_PORTABLE, f"pin {size} bytes of host memory")
+
+
+def _faulted_in(size):
+    """A new private mapping of size bytes, its pages faulted in (MADV_POPULATE_WRITE) -> its
+    address."""
+    ptr = map_pages(size, mmap.PROT_READ | mmap.PROT_WRITE, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for advice in (_MADV_HUGEPAGE, _MADV_DONTFORK, _MADV_POPULATE_WRITE):
+        _libc.madvise(ptr, size, advice)  # best effort: registering faults in the rest
+    return ptr
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -275,6 +282,51 @@ def _pass_on(done, to):
     else:
         print(f"pinning a ring buffer ahead failed: {error}", flush=True)
         to.set_exception(error)
+
+
+# Most of pinning a new buffer is the kernel faulting its pages in (zeroing them): 0.2-0.3 s of
+# the 1 GiB ring, against 0.02 s to register pages that are there already (bench/RESULTS.md
+# "nineteenth"). That part needs no CUDA, so a suspend's holder has it done from its discovery on
+# (fault_in_ahead), and the buffers pinned later take those pages.
+_faulted = []  # (size, future of the address of a mapping faulted in ahead) not yet taken
+
+
+def fault_in_ahead(size, count):
+    """Begin faulting in, on PIN_THREADS threads, the pages of the PinnedBuffers of size bytes that
+    the next PinnedRing(size, count) of this process lacks (what is kept, pinned ahead or faulted
+    in ahead already counts). A buffer made later takes them, waiting for them if they are still
+    being faulted in; drop_faulted unmaps those that none took."""
+    with _kept_lock:
+        have = (sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
+                + sum(1 for n, _ in _faulted if n == size))
+        if count <= have:
+            return
+        pool = concurrent.futures.ThreadPoolExecutor(min(count - have, PIN_THREADS),
+                                                     thread_name_prefix="fault-ahead")
+        _faulted.extend((size, pool.submit(_faulted_in, size)) for _ in range(count - have))
+    pool.shutdown(wait=False)  # its threads end once the last mapping is faulted in
+
+
+def _pages_for(size):
+    """The address of a faulted-in mapping of size bytes: one faulted in ahead where there is one,
+    else a new one (also where faulting that one in failed)."""
+    with _kept_lock:
+        ahead = next((f for n, f in _faulted if n == size), None)
+        if ahead is not None:
+            _faulted[:] = [(n, f) for n, f in _faulted if f is not ahead]
+    if ahead is not None and ahead.exception() is None:
+        return ahead.result()
+    return _faulted_in(size)
+
+
+def drop_faulted():
+    """Unmap what fault_in_ahead faulted in and no buffer took (once it is faulted in)."""
+    with _kept_lock:
+        left = [(n, f) for n, f in _faulted]
+        _faulted.clear()
+    for size, future in left:
+        if future.exception() is None:
+            unmap_pages(future.result(), size)
 
 
 class PinnedRing:

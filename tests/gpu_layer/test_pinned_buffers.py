@@ -191,3 +191,41 @@ def test_a_ring_takes_what_is_pinned_ahead_buffer_by_buffer(fake_env):
     assert out["all_from_ahead"] and out["pinned_by_ahead_only"], out
     assert out["failed"].endswith("no pinned memory left") and out["kept_still_given"], out
     assert out["pinned_again"], out  # a buffer that failed ahead, pinned by the ring when asked
+
+
+FAULTED = r"""
+import json
+from criu_gpushare.gpu import driver as drv, memory
+cu = drv.driver()
+memory.use_device(0)
+MIB = 1 << 20
+
+def mapped(addr):
+    with open("/proc/self/maps") as f:
+        return any(int(line.split("-")[0], 16) <= addr < int(line.split("-")[1].split()[0], 16) for line in f)
+
+memory.keep_pinned([memory.PinnedBuffer(MIB)])  # one kept from an earlier engine
+memory.fault_in_ahead(MIB, 3)  # lacks two
+memory.fault_in_ahead(MIB, 3)  # nothing more: kept and faulted in ahead count
+ahead = [f.result() for _, f in memory._faulted]
+out = {"faulted": len(ahead), "mapped": all(mapped(a) for a in ahead)}
+taken = memory.PinnedBuffer(MIB)
+out["took_one"] = taken.ptr == ahead[0] and len(memory._faulted) == 1
+out["registered"] = cu.cuMemHostGetFlags(taken.ptr)[0] == cu.CUresult.CUDA_SUCCESS
+memory.drop_faulted()  # a suspend that ended before its save took the rest
+out["dropped"] = not memory._faulted and not mapped(ahead[1]) and mapped(taken.ptr)
+print(json.dumps(out))
+"""
+
+
+def test_a_ring_s_pages_faulted_in_ahead_are_taken_or_given_back(fake_env):
+    """memory.fault_in_ahead: the pages the next ring lacks (kept buffers count) faulted in before
+    any is pinned; a buffer pinned later takes them (registering only); drop_faulted unmaps the
+    rest, so a suspend that never saved keeps no memory for a ring."""
+    r = subprocess.run([sys.executable, "-c", FAULTED], env=fake_env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["faulted"] == 2 and out["mapped"], out
+    assert out["took_one"] and out["registered"], out
+    assert out["dropped"], out

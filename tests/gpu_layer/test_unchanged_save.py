@@ -70,7 +70,10 @@ def test_a_save_that_copied_nothing_leaves_the_load_a_pinned_ring(fake_env, tmp_
 
 def test_a_holder_s_save_pins_its_ring_ahead_from_its_start(fake_env, tmp_path):
     """A suspend's save that copies takes its ring from the buffers pinned ahead since its start
-    (beside its GPU start and hashing), none pinned on its path, and its load reuses that ring."""
+    (beside its GPU start and hashing), none pinned on its path, and its load reuses that ring;
+    the pages of those buffers were faulted in before (no driver call in that)."""
     out = run(fake_env, tmp_path / "store")["pin_ahead_copied"]
     assert out["copied"] == 1 << 20
     assert out["by_save"] == 3 and out["by_load"] == 0, out
+    # their pages were faulted in from the group's discovery on, none on the way of the pinning
+    assert out["faulted_ahead"] == 3 and out["faulted_on_the_path"] == 0, out

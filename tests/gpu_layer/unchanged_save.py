@@ -153,9 +153,10 @@ def written_while_saved(session, store, mem, size, chunk, alloc):
 
 
 def pinned_in_a_holder(session, store, mem, size, chunk, alloc, lose=None):
-    """A suspend, then its resume, in one holder: buffers pinned ahead (in the background, from
-    the save's start) and on the save's or the load's path. The memory is unchanged, but for
-    chunk `lose` of alloc, removed from the store first: the save copies it."""
+    """A suspend, then its resume, in one holder: the ring's pages faulted in from discovery on
+    (memory.fault_in_ahead, as engine/steps.py's discover does), its buffers pinned ahead (in the
+    background, from the save's start) or on the save's or the load's path. The memory is
+    unchanged, but for chunk `lose` of alloc, removed from the store first: the save copies it."""
     if lose is not None:
         os.unlink(store.chunks.chunk_path(alloc.chunks[lose].id))
     with memory._kept_lock:  # what earlier engines kept: none of it for this case
@@ -163,23 +164,30 @@ def pinned_in_a_holder(session, store, mem, size, chunk, alloc, lose=None):
             b.free()
         memory._kept.clear()
     made = {"ahead": 0, "on the path": 0}
-    real = memory.PinnedBuffer
+    faulted = {"ahead": 0, "on the path": 0}
+    real, real_faulted_in = memory.PinnedBuffer, memory._faulted_in
 
     def counted(n):
         ahead = threading.current_thread().name.startswith("pin-ahead")  # its thread, or one of its pool
         made["ahead" if ahead else "on the path"] += 1
         return real(n)
 
-    memory.PinnedBuffer = counted
+    def faulted_counted(n):
+        faulted["ahead" if threading.current_thread().name.startswith("fault-ahead") else "on the path"] += 1
+        return real_faulted_in(n)
+
+    memory.PinnedBuffer, memory._faulted_in = counted, faulted_counted
     try:
+        memory.fault_in_ahead(chunk, 3)
         with CopyEngine(session, ring_slots=3, chunk_size=chunk, workers=2, pin_ahead=True) as engine:
             engine._hashers[0] = CpuHasher()
             _, stats = engine.save("a", mem.ptr, size, 0)
         with CopyEngine(store, ring_slots=3, chunk_size=chunk, workers=2) as engine:
             engine.load(alloc, mem.ptr, 0)
-        return {"copied": stats.copied, "by_save": made["ahead"], "by_load": made["on the path"]}
+        return {"copied": stats.copied, "by_save": made["ahead"], "by_load": made["on the path"],
+                "faulted_ahead": faulted["ahead"], "faulted_on_the_path": faulted["on the path"]}
     finally:
-        memory.PinnedBuffer = real
+        memory.PinnedBuffer, memory._faulted_in = real, real_faulted_in
 
 
 class WritesAfterHashingAt(CpuHasher):
