@@ -150,10 +150,11 @@ class PinnedBuffer(RegisteredPages):
     (1.6 GB/s measured on the H200 host: 0.6 s for the 1 GiB ring, paid by every cold save). Here
     the buffer is this process's own anonymous mapping, asked for in 2 MiB pages
     (MADV_HUGEPAGE), faulted in by the kernel (MADV_POPULATE_WRITE; pin_buffers does many buffers
-    on many threads, fault_in_ahead before they are asked for) and then registered with the driver (cuMemHostRegister): 1 GiB in 0.22 s on
-    one thread. MADV_DONTFORK: a child (CRIU, a holder) gets no copy of pinned pages. Registered
-    portable: one ring serves every GPU of a group, each copying from its own context (pinned for
-    the registering context alone, the others' copies would be staged through pageable memory).
+    on many threads, fault_in_ahead before they are asked for) and then registered with the
+    driver (cuMemHostRegister): 1 GiB in 0.22 s on one thread. MADV_DONTFORK: a child (CRIU, a
+    holder) gets no copy of pinned pages. Registered portable: one ring serves every GPU of a
+    group, each copying from its own context (pinned for the registering context alone, the
+    others' copies would be staged through pageable memory).
     """
 
     def __init__(self, size):
@@ -322,7 +323,7 @@ def _pages_for(size):
 def drop_faulted():
     """Unmap what fault_in_ahead faulted in and no buffer took (once it is faulted in)."""
     with _kept_lock:
-        left = [(n, f) for n, f in _faulted]
+        left = list(_faulted)
         _faulted.clear()
     for size, future in left:
         if future.exception() is None:
