@@ -12,6 +12,14 @@ each row's difference from the first says what that stage costs:
   pin 1 GiB on N threads: first / last 64 MiB ready
                                                    when the ring's first and last buffers are
                                                    pinned (could a save copy before all are?)
+  pin 1 GiB: pages faulted in / registered         the ring's pinning cut in its two parts: the
+                                                   kernel faulting fresh pages in (no driver call:
+                                                   memory.fault_in_ahead), then registering them
+  import and map, alone / beside pinning 1 GiB / beside faulting 1 GiB in / beside registering 1 GiB
+                                                   the save's opening of the memory (the group's
+                                                   fd imported and mapped, memory.ImportedAllocation)
+                                                   while the ring's pinning, or either part of it,
+                                                   runs on two threads: what each holds up
   GPU chunk ids, GPU idle first (1 GiB at a time)  the same after a second without kernels, whole
                                                    or one launch per 1 GiB: what idle clocks and
                                                    per-allocation launches cost
@@ -109,7 +117,7 @@ def main():
             print(f"  {name}: failed: {e}", flush=True)
             rows.append((name, None, None))
 
-    ptr = drv.check(cu.cuMemAlloc(size), f"allocate {size} bytes")
+    ptr, fd = exportable(size)  # as a shim's memory: the import rows map it a second time
     for i, off in enumerate(range(0, size, ce.CHUNK_SIZE)):  # distinct and never all zero
         drv.check(cu.cuMemsetD32(int(ptr) + off, (i * 2654435761 + 1) & 0xFFFFFFFF, ce.CHUNK_SIZE // 4), "fill")
     drv.check(cu.cuCtxSynchronize(), "fill")
@@ -125,6 +133,12 @@ def main():
         ready = pin_ready_times(16, threads)
         row(f"pin 1 GiB on {threads} threads: first 64 MiB ready", ready[0], 0)
         row(f"pin 1 GiB on {threads} threads: last 64 MiB ready", ready[-1], 0)
+    with nothing_kept():  # the ring kept for the rows below would count as pinned ahead
+        row("pin 1 GiB: pages faulted in", best(lambda: pinned_in_parts()[0]), 2**30)
+        row("pin 1 GiB: pages faulted in first, registered", best(lambda: pinned_in_parts()[1]), 2**30)
+        for beside in (None, "pinning 1 GiB", "faulting 1 GiB in", "registering 1 GiB"):
+            row(f"import and map, {'beside ' + beside if beside else 'alone'}",
+                best(lambda: imported_beside(fd, size, beside)), 0)
 
     def made_and_closed():
         GpuHasher.create(0).close()  # what every copy engine pays once per GPU
@@ -281,6 +295,76 @@ def pin_ready_times(count, threads):
     for f in futures:
         f.result().free()
     return ready
+
+
+def exportable(size):
+    """size bytes of device memory made as the shims make theirs (cuMemCreate, exportable as a
+    POSIX fd) and mapped read-write here -> (pointer, fd)."""
+    cu = drv.driver()
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = 0
+    prop.requestedHandleTypes = memory.fd_handle_type()
+    handle = drv.check(cu.cuMemCreate(size, prop, 0), f"allocate {size} bytes")
+    ptr = drv.check(cu.cuMemAddressReserve(size, 0, 0, 0), f"reserve {size} bytes")
+    drv.check(cu.cuMemMap(ptr, size, 0, handle, 0), "map")
+    memory.set_read_write(ptr, size, 0)
+    return ptr, drv.check(cu.cuMemExportToShareableHandle(handle, memory.fd_handle_type(), 0), "export")
+
+
+@contextlib.contextmanager
+def nothing_kept():
+    """The buffers this process keeps for its next ring set aside meanwhile, then kept again."""
+    with memory._kept_lock:
+        kept = list(memory._kept)
+        memory._kept.clear()
+    try:
+        yield
+    finally:
+        memory.keep_pinned(kept)
+
+
+def pinned_in_parts():
+    """(seconds to fault in the pages of 16 ring buffers, seconds to pin the buffers on them), on
+    PIN_THREADS threads as a suspend's holder does both; the buffers freed after."""
+    t = time.monotonic()
+    memory.fault_in_ahead(ce.CHUNK_SIZE, 16)
+    concurrent.futures.wait([f for _, f in memory._faulted])
+    faulted = time.monotonic() - t
+    t = time.monotonic()
+    buffers = memory.pin_buffers(ce.CHUNK_SIZE, 16)
+    registered = time.monotonic() - t
+    for b in buffers:
+        b.free()
+    return faulted, registered
+
+
+def imported_beside(fd, size, beside):
+    """Seconds to import fd (size bytes) and map it, as the save opens a group's memory, started
+    with `beside` running on PIN_THREADS threads: None, "pinning 1 GiB" (the ring's buffers made
+    whole), "faulting 1 GiB in" (their pages only) or "registering 1 GiB" (pages faulted in before,
+    then registered). Each waited for and undone after."""
+    if beside == "registering 1 GiB":
+        memory.fault_in_ahead(ce.CHUNK_SIZE, 16)
+        concurrent.futures.wait([f for _, f in memory._faulted])
+    pool, futures = None, []
+    if beside == "faulting 1 GiB in":
+        memory.fault_in_ahead(ce.CHUNK_SIZE, 16)
+        futures = [f for _, f in memory._faulted]
+    elif beside is not None:
+        pool, futures = memory.pin_pool(ce.CHUNK_SIZE, 16)
+    t = time.monotonic()
+    imported = memory.ImportedAllocation(fd, size, 0)
+    seconds = time.monotonic() - t
+    imported.close()
+    concurrent.futures.wait(futures)
+    if pool is not None:
+        pool.shutdown()
+        for f in futures:
+            f.result().free()
+    memory.drop_faulted()
+    return seconds
 
 
 def device_to_device(ptr, size):

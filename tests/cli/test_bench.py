@@ -106,6 +106,9 @@ def test_save_stages_bench_times_each_stage_and_leaves_no_store(fake_env, tmp_pa
         assert f"chunk files registered ahead: not run: {stores} is not in memory" in r.stdout
     for stage in ("pin 1 GiB, cuMemHostAlloc", "pin 1 GiB, the tool's buffers",
                   "pin 1 GiB on 16 threads: first 64 MiB ready", "pin 1 GiB on 2 threads: last 64 MiB ready",
+                  "pin 1 GiB: pages faulted in", "pin 1 GiB: pages faulted in first, registered",
+                  "import and map, alone", "import and map, beside pinning 1 GiB",
+                  "import and map, beside faulting 1 GiB in", "import and map, beside registering 1 GiB",
                   "save unchanged, one allocation, GPU idle first",
                   "save unchanged, 1 GiB allocations, GPU idle first",
                   "load, reads only, chunks never read before", "save, first", "save",
