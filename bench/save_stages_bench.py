@@ -329,8 +329,7 @@ def pinned_in_parts():
     """(seconds to fault in the pages of 16 ring buffers, seconds to pin the buffers on them), on
     PIN_THREADS threads as a suspend's holder does both; the buffers freed after."""
     t = time.monotonic()
-    memory.fault_in_ahead(ce.CHUNK_SIZE, 16)
-    concurrent.futures.wait([f for _, f in memory._faulted])
+    concurrent.futures.wait(memory.fault_in_ahead(ce.CHUNK_SIZE, 16))
     faulted = time.monotonic() - t
     t = time.monotonic()
     buffers = memory.pin_buffers(ce.CHUNK_SIZE, 16)
@@ -345,14 +344,12 @@ def imported_beside(fd, size, beside):
     with `beside` running on PIN_THREADS threads: None, "pinning 1 GiB" (the ring's buffers made
     whole), "faulting 1 GiB in" (their pages only) or "registering 1 GiB" (pages faulted in before,
     then registered). Each waited for and undone after."""
-    if beside == "registering 1 GiB":
-        memory.fault_in_ahead(ce.CHUNK_SIZE, 16)
-        concurrent.futures.wait([f for _, f in memory._faulted])
     pool, futures = None, []
-    if beside == "faulting 1 GiB in":
-        memory.fault_in_ahead(ce.CHUNK_SIZE, 16)
-        futures = [f for _, f in memory._faulted]
-    elif beside is not None:
+    if beside in ("faulting 1 GiB in", "registering 1 GiB"):
+        futures = memory.fault_in_ahead(ce.CHUNK_SIZE, 16)
+    if beside == "registering 1 GiB":
+        concurrent.futures.wait(futures)  # faulted in before: the pinning below registers only
+    if beside in ("pinning 1 GiB", "registering 1 GiB"):
         pool, futures = memory.pin_pool(ce.CHUNK_SIZE, 16)
     t = time.monotonic()
     imported = memory.ImportedAllocation(fd, size, 0)

@@ -254,8 +254,7 @@ def pin_ahead(size, count, device):
     printed, and the ring that took a buffer that failed pins that one itself when it is asked
     for."""
     with _kept_lock:
-        have = sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
-        futures = [concurrent.futures.Future() for _ in range(count - have)]
+        futures = [concurrent.futures.Future() for _ in range(count - _pinned_or_pinning(size))]
         _ahead.extend((size, f) for f in futures)
     if not futures:
         return
@@ -274,6 +273,12 @@ def pin_ahead(size, count, device):
             pinned.add_done_callback(lambda f, to=future: _pass_on(f, to))
 
     threading.Thread(target=pin, name="pin-ahead", daemon=True).start()
+
+
+def _pinned_or_pinning(size):
+    """How many buffers of size bytes the next ring takes without pinning them: kept, or being
+    pinned ahead (the caller holds _kept_lock)."""
+    return sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
 
 
 def _pass_on(done, to):
@@ -295,17 +300,19 @@ _faulted = []  # (size, future of the address of a mapping faulted in ahead) not
 def fault_in_ahead(size, count):
     """Begin faulting in, on PIN_THREADS threads, the pages of the PinnedBuffers of size bytes that
     the next PinnedRing(size, count) of this process lacks (what is kept, pinned ahead or faulted
-    in ahead already counts). A buffer made later takes them, waiting for them if they are still
-    being faulted in; drop_faulted unmaps those that none took."""
+    in ahead already counts) -> the futures of the addresses begun now. A buffer made later takes
+    them, waiting for them if they are still being faulted in; drop_faulted unmaps those that none
+    took."""
     with _kept_lock:
-        have = (sum(1 for b in _kept if b.size == size) + sum(1 for n, _ in _ahead if n == size)
-                + sum(1 for n, _ in _faulted if n == size))
-        if count <= have:
-            return
-        pool = concurrent.futures.ThreadPoolExecutor(min(count - have, PIN_THREADS),
+        lacking = count - _pinned_or_pinning(size) - sum(1 for n, _ in _faulted if n == size)
+        if lacking <= 0:
+            return []
+        pool = concurrent.futures.ThreadPoolExecutor(min(lacking, PIN_THREADS),
                                                      thread_name_prefix="fault-ahead")
-        _faulted.extend((size, pool.submit(_faulted_in, size)) for _ in range(count - have))
+        futures = [pool.submit(_faulted_in, size) for _ in range(lacking)]
+        _faulted.extend((size, f) for f in futures)
     pool.shutdown(wait=False)  # its threads end once the last mapping is faulted in
+    return futures
 
 
 def _pages_for(size):
@@ -314,7 +321,7 @@ def _pages_for(size):
     with _kept_lock:
         ahead = next((f for n, f in _faulted if n == size), None)
         if ahead is not None:
-            _faulted[:] = [(n, f) for n, f in _faulted if f is not ahead]
+            _faulted.remove((size, ahead))
     if ahead is not None and ahead.exception() is None:
         return ahead.result()
     return _faulted_in(size)
