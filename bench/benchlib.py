@@ -157,7 +157,16 @@ def median_cycle(rows):
         return (bad or rows)[0]
     chosen = sorted(rows, key=lambda r: r.back_s)[(len(rows) - 1) // 2]
     chosen.extra["cycles"] = [(r.out_s, r.back_s) for r in rows]
+    chosen.extra["cycle_back_phases"] = [r.back_phases for r in rows]
     return chosen
+
+
+def _grown(warm, cold, shown=3):
+    """The phases of a warm resume that took longer than in its cold cycle, most first (the
+    "total" and CRIU's own stats left out): "restore +0.03, tool start +0.02"."""
+    grown = sorted(((warm[k] - cold.get(k, 0.0), k) for k in warm
+                    if k != "total" and isinstance(warm[k], (int, float))), reverse=True)
+    return ", ".join(f"{k} +{d:.2f}" for d, k in grown[:shown] if d >= 0.005) or "no phase by 0.005 s or more"
 
 
 def cycle_lines(rows):
@@ -175,8 +184,13 @@ def cycle_lines(rows):
         cold = next((c for c in rows if c.workload == r.workload and c.store == r.store
                      and c.path + "-warm" == r.path and c.extra.get("cycles")), None)
         if cold is not None:
-            slower = sum(1 for (_, w), (_, c) in zip(cycles, cold.extra["cycles"]) if w > c)
-            lines.append(f"    warm back slower than cold in {slower} of {len(cycles)} cycles")
+            pairs = list(zip(cycles, cold.extra["cycles"],
+                             r.extra.get("cycle_back_phases") or [{}] * len(cycles),
+                             cold.extra.get("cycle_back_phases") or [{}] * len(cycles)))
+            slower = [(i, w - c, wp, cp) for i, ((_, w), (_, c), wp, cp) in enumerate(pairs, 1) if w > c]
+            lines.append(f"    warm back slower than cold in {len(slower)} of {len(cycles)} cycles")
+            # where the difference went, so that a run answers whether it is structural or spread
+            lines.extend(f"      cycle {i}: +{d:.2f} s; grown: {_grown(wp, cp)}" for i, d, wp, cp in slower if wp)
     if lines:
         lines.insert(0, "cycles (s, in order):")
     return "\n".join(lines)

@@ -237,13 +237,18 @@ def test_repeated_cycles_show_the_median_one_and_count_warm_resumes_slower_than_
     listed, and a cycle whose warm resume took longer than its cold one is counted, not hidden;
     a failed or wrong cycle stands for its path instead."""
     def rows(path, figures):
-        return [bl.Row("single", path, "tmpfs", 4 * 10**9, out_s=o, back_s=b, check="ok") for o, b in figures]
+        return [bl.Row("single", path, "tmpfs", 4 * 10**9, out_s=o, back_s=b, check="ok",
+                       back_phases={"tool start": 0.07, "restore": b - 0.5, "load": 0.43, "total": b})
+                for o, b in figures]
     cold = bl.median_cycle(rows("tool", [(3.0, 1.7), (3.1, 1.6), (2.9, 1.9)]))
     warm = bl.median_cycle(rows("tool-warm", [(1.0, 1.5), (1.1, 1.8), (1.2, 1.6)]))
     assert (cold.out_s, cold.back_s) == (3.0, 1.7) and (warm.out_s, warm.back_s) == (1.2, 1.6)
     text = bl.cycle_lines([cold, warm])
     assert "single/tool/tmpfs: out 3.00 3.10 2.90 (median 3.00), back 1.70 1.60 1.90 (median 1.70)" in text
     assert "warm back slower than cold in 1 of 3 cycles" in text, text
+    # the slower cycle (the second: 1.8 against 1.6) names the phase that grew, and only that one
+    assert "      cycle 2: +0.20 s; grown: restore +0.20\n" in text + "\n", text
+    assert "cycle 1:" not in text and "cycle 3:" not in text
     wrong = rows("tool", [(3.0, 1.7), (3.1, 1.6)])
     wrong[1].check = "WRONG: digest differs"
     assert bl.median_cycle(wrong) is wrong[1]
