@@ -31,6 +31,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from criu_gpushare.gpu import driver as drv, memory  # noqa: E402
 
+import exportable  # noqa: E402
+
 DEVICE = 0
 
 
@@ -40,22 +42,13 @@ class Owner:
 
     def __init__(self, count, size):
         cu = drv.driver()
-        prop = cu.CUmemAllocationProp()
-        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = DEVICE
-        prop.requestedHandleTypes = memory.fd_handle_type()
         self.size, self.handles, self.ptrs, self.fds = size, [], [], []
         for i in range(count):
-            handle = drv.check(cu.cuMemCreate(size, prop, 0), f"create allocation {i}")
+            handle, ptr = exportable.allocation(size, DEVICE)
             self.handles.append(handle)
-            ptr = drv.check(cu.cuMemAddressReserve(size, 0, 0, 0), "reserve")
-            drv.check(cu.cuMemMap(ptr, size, 0, handle, 0), "map")
-            memory.set_read_write(ptr, size, DEVICE)
             self.ptrs.append(ptr)
             drv.check(cu.cuMemsetD32(ptr, self.mark(i), 1), "mark")
-            self.fds.append(drv.check(cu.cuMemExportToShareableHandle(handle, memory.fd_handle_type(), 0),
-                                      "export"))
+            self.fds.append(exportable.export(handle))
         drv.check(cu.cuCtxSynchronize(), "mark")
 
     @staticmethod

@@ -45,6 +45,8 @@ from criu_gpushare.gpu import checkpoint_api as ck, driver as drv  # noqa: E402
 from criu_gpushare.gpu.memory import (  # noqa: E402
     ImportedAllocation, PinnedBuffer, fd_handle_type, set_read_write, use_device)
 
+import exportable  # noqa: E402
+
 CHUNK = 64 << 20
 SLOTS = 16
 
@@ -71,19 +73,12 @@ def _words(cu, ptr, size):
 def owner(sock_path, size, device):
     cu = drv.driver()
     use_device(device)
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = device
-    prop.requestedHandleTypes = fd_handle_type()
-    handle = drv.check(cu.cuMemCreate(size, prop, 0), "cuMemCreate")
-    va = int(drv.check(cu.cuMemAddressReserve(size, 0, 0, 0), "reserve"))
-    drv.check(cu.cuMemMap(va, size, 0, handle, 0), "map")
-    set_read_write(va, size, device)
+    handle, va = exportable.allocation(size, device)
+    va = int(va)
     for i in range(size // CHUNK):
         drv.check(cu.cuMemsetD32(va + i * CHUNK, pattern(i), CHUNK // 4), "memset")
     drv.check(cu.cuCtxSynchronize(), "sync")
-    fd = drv.check(cu.cuMemExportToShareableHandle(handle, fd_handle_type(), 0), "export")
+    fd = exportable.export(handle)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(sock_path)
     socket.send_fds(conn, [b"fd"], [fd])
@@ -247,8 +242,7 @@ def scenario(name, size, device, workdir, ring, streams):
                 row["owner adopts it"] = own.ask("adopt the kept fd")
             elif name == "beside":
                 try:
-                    fd = drv.check(cu.cuMemExportToShareableHandle(mem.handle, fd_handle_type(), 0),
-                                   "export the import again")
+                    fd = exportable.export(mem.handle, "export the import again")
                     row["owner adopts it"] = own.ask("adopt", [fd])
                     os.close(fd)
                 except Exception as e:  # noqa: BLE001 - reported in the row

@@ -83,6 +83,8 @@ from criu_gpushare.store import base as store_base, memfs  # noqa: E402
 from criu_gpushare.store.results import PutResult, PutStatus  # noqa: E402
 from criu_gpushare.store.store import Store  # noqa: E402
 
+import exportable  # noqa: E402
+
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -117,7 +119,8 @@ def main():
             print(f"  {name}: failed: {e}", flush=True)
             rows.append((name, None, None))
 
-    ptr, fd = exportable(size)  # as a shim's memory: the import rows map it a second time
+    handle, ptr = exportable.allocation(size)  # as a shim's memory, exported: the import rows map
+    fd = exportable.export(handle)             # it a second time
     for i, off in enumerate(range(0, size, ce.CHUNK_SIZE)):  # distinct and never all zero
         drv.check(cu.cuMemsetD32(int(ptr) + off, (i * 2654435761 + 1) & 0xFFFFFFFF, ce.CHUNK_SIZE // 4), "fill")
     drv.check(cu.cuCtxSynchronize(), "fill")
@@ -295,22 +298,6 @@ def pin_ready_times(count, threads):
     for f in futures:
         f.result().free()
     return ready
-
-
-def exportable(size):
-    """size bytes of device memory made as the shims make theirs (cuMemCreate, exportable as a
-    POSIX fd) and mapped read-write here -> (pointer, fd)."""
-    cu = drv.driver()
-    prop = cu.CUmemAllocationProp()
-    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-    prop.location.id = 0
-    prop.requestedHandleTypes = memory.fd_handle_type()
-    handle = drv.check(cu.cuMemCreate(size, prop, 0), f"allocate {size} bytes")
-    ptr = drv.check(cu.cuMemAddressReserve(size, 0, 0, 0), f"reserve {size} bytes")
-    drv.check(cu.cuMemMap(ptr, size, 0, handle, 0), "map")
-    memory.set_read_write(ptr, size, 0)
-    return ptr, drv.check(cu.cuMemExportToShareableHandle(handle, memory.fd_handle_type(), 0), "export")
 
 
 @contextlib.contextmanager
