@@ -22,7 +22,7 @@
 """
 from ..errors import ImageError, ProcessError
 from ..gpu import driver as drv
-from ..gpu.copy_engine import CHUNK_SIZE, ring_size
+from ..gpu.copy_engine import ring_shape
 from ..gpu.memory import free_memory, pin_ahead, release_device
 from ..shimctl import client as control
 from ..shimctl.processes import process_tree
@@ -97,7 +97,7 @@ def pin_ring_ahead(headroom, total_bytes):
         for ordinal in headroom or {}:
             release_device(ordinal)
         return False
-    pin_ahead(CHUNK_SIZE, ring_size(total_bytes), min(headroom))
+    pin_ahead(*ring_shape(total_bytes), min(headroom))
     return True
 
 

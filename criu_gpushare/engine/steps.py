@@ -58,7 +58,7 @@ import time
 from .. import waits
 from ..errors import BusyError, Error, ProcessError, StoreError
 from ..gpu import checkpoint_api as ck, driver as drv
-from ..gpu.copy_engine import CHUNK_SIZE, CopyEngine, CopyStats, LoadItem, SaveItem, ring_size
+from ..gpu.copy_engine import CopyEngine, CopyStats, LoadItem, SaveItem, ring_shape
 from ..gpu.devices import DeviceMap, workload_devices_map
 from ..gpu.memory import ImportedAllocation, fault_in_ahead, retain_ahead
 from ..shimctl import client as control
@@ -200,7 +200,7 @@ class Group:
         # its pages faulted in from now on: no driver call in that)
         retain_ahead(sorted({self.tool_device(u) for u in self.units}))
         if self.options.pin_ahead and self.units:
-            fault_in_ahead(CHUNK_SIZE, ring_size(sum(u.size for u in self.units)))
+            fault_in_ahead(*ring_shape(sum(u.size for u in self.units)))
         self.gpus = [uuid for _, _, uuid in drv.gpus()] if self.pids_with_cuda() else []
 
     @property

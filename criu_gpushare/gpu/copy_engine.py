@@ -54,9 +54,18 @@ HASH_GROUP = 16  # items a save or a load holds open and hashes at once (GPU ids
 HASH_STREAMS = 8  # streams their kernels run on, side by side
 
 
-def ring_size(total_bytes, most=16, chunk_size=CHUNK_SIZE):
+RING_SLOTS = 16  # a CopyEngine's pinned ring at most: 1 GiB of CHUNK_SIZE buffers
+
+
+def ring_size(total_bytes, most=RING_SLOTS, chunk_size=CHUNK_SIZE):
     """The pinned ring's slots for moving total_bytes: `most`, fewer where fewer chunks will do."""
     return max(1, min(most, -(-total_bytes // chunk_size)))
+
+
+def ring_shape(total_bytes):
+    """(buffer size, buffers) of the ring a CopyEngine made with its defaults pins for moving
+    total_bytes: what memory.pin_ahead and memory.fault_in_ahead prepare ahead of it."""
+    return CHUNK_SIZE, ring_size(total_bytes)
 
 
 def _settle(futures):
@@ -106,7 +115,7 @@ class CopyEngine:
     and given back to what earlier engines of this process kept, and the rest pinned while the
     first copies run: memory.PinnedRing)."""
 
-    def __init__(self, store, ring_slots=16, chunk_size=CHUNK_SIZE, workers=None, verify_loads=False,
+    def __init__(self, store, ring_slots=RING_SLOTS, chunk_size=CHUNK_SIZE, workers=None, verify_loads=False,
                  progress=None, gpu_hash=True, total_bytes=None, pin_ahead=False, registered=None):
         """`store`: a Store or a WriteSession (puts go through it). gpu_hash=False copies every
         chunk even where the GPU could tell it unchanged (CRIU_GPUSHARE_GPU_HASH=0 does too).

@@ -9,6 +9,7 @@ import pytest
 
 from criu_gpushare.engine import record, restore
 from criu_gpushare.errors import ImageError, StoreError
+from criu_gpushare.gpu.copy_engine import CHUNK_SIZE
 from criu_gpushare.store import Allocation, Manifest, ProcessEntry, Store
 
 H200 = {"uuid": "GPU-aaaa", "name": "NVIDIA H200", "memory": 140 * 2**30}
@@ -131,7 +132,7 @@ def test_the_loads_ring_is_pinned_ahead_only_where_every_gpu_has_room(monkeypatc
     calls, released = [], []
     monkeypatch.setattr(restore, "pin_ahead", lambda size, count, device: calls.append((size, count, device)))
     monkeypatch.setattr(restore, "release_device", released.append)
-    assert restore.pin_ring_ahead(room, 3 * restore.CHUNK_SIZE + 1) is pinned
-    assert calls == ([(restore.CHUNK_SIZE, 4, 0)] if pinned else [])
+    assert restore.pin_ring_ahead(room, 3 * CHUNK_SIZE + 1) is pinned
+    assert calls == ([(CHUNK_SIZE, 4, 0)] if pinned else [])
     # the contexts the GPU check made are kept only for the ring (and the load ahead)
     assert released == ([] if pinned else sorted(room))
