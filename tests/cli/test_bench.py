@@ -357,9 +357,12 @@ def criu_memory_bench(criu, tmp_path, *args):
     mode = bl.thp_mode()
     if mode is None:
         pytest.skip("no transparent huge page mode to read on this kernel")
+    # each of its commands bounded well inside the test's own bound: a hang is then the bench's
+    # error, with what the process that did not answer was doing, not a bare timeout
     r = subprocess.run([sys.executable, str(BENCH / "criu_memory_bench.py"), "--gib", "0.0625", "--runs", "1",
-                        "--modes", mode, "--dir", str(tmp_path), "--criu", criu, "--json", *args],
-                       capture_output=True, text=True, timeout=300)
+                        "--modes", mode, "--dir", str(tmp_path), "--criu", criu, "--json",
+                        "--timeout", "60", *args],
+                       capture_output=True, text=True, timeout=280)
     assert r.returncode == 0, r.stdout + r.stderr
     return mode, json.loads(r.stdout)["modes"]
 
