@@ -162,8 +162,8 @@ def median_cycle(rows):
 
 
 def _grown(warm, cold, shown=3):
-    """The phases of a warm resume that took longer than in its cold cycle, most first (the
-    "total" and CRIU's own stats left out): "restore +0.03, tool start +0.02"."""
+    """The phases of a warm resume that took longer than in its cold cycle, most first ("total"
+    and whatever is not a number left out): "restore +0.03, tool start +0.02"."""
     grown = sorted(((warm[k] - cold.get(k, 0.0), k) for k in warm
                     if k != "total" and isinstance(warm[k], (int, float))), reverse=True)
     return ", ".join(f"{k} +{d:.2f}" for d, k in grown[:shown] if d >= 0.005) or "no phase by 0.005 s or more"
