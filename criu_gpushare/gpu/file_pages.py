@@ -29,14 +29,13 @@ import time
 
 from ..config import env_switch
 from .aside import Aside
-from .memory import REGISTER_PORTABLE, RegisteredPages, map_pages, use_device
+from .memory import REGISTER_PORTABLE, REGISTER_READ_ONLY, RegisteredPages, map_pages, use_device
 
 log = logging.getLogger(__name__)
 
 ENV_SWITCH = "CRIU_GPUSHARE_PAGES_IN_PLACE"
-# portable and CU_MEMHOSTREGISTER_READ_ONLY: copies from any of this process's contexts (every GPU)
-# may read them; the driver never writes them
-_FLAGS = REGISTER_PORTABLE | 0x08
+# copies from any of this process's contexts (every GPU) may read them; the driver never writes them
+_FLAGS = REGISTER_PORTABLE | REGISTER_READ_ONLY
 
 
 def wanted(pages, environ=None):

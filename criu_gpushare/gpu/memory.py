@@ -122,6 +122,11 @@ class ImportedAllocation:
         self.close()
 
 
+# cuMemHostRegister's flags (cuda.h CU_MEMHOSTREGISTER_*)
+REGISTER_PORTABLE = 0x01  # pinned for every context of this process
+REGISTER_READ_ONLY = 0x08  # the driver never writes them
+
+
 class RegisteredPages:
     """Host pages this process mapped (map_pages), registered with the driver so that copies run
     at link speed: .ptr, .size, .view (a memoryview over them); free() unregisters and unmaps
@@ -179,7 +184,6 @@ _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
 _MADV_DONTFORK, _MADV_HUGEPAGE, _MADV_POPULATE_WRITE = 10, 14, 23  # <asm-generic/mman-common.h>
-REGISTER_PORTABLE = 0x01  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context of this process
 
 
 def map_pages(size, prot, flags, fd=-1):
