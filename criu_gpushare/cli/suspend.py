@@ -1,7 +1,7 @@
 """`criu-gpushare suspend PID...` and `criu-gpushare resume PID...`: free a group's GPU memory in place.
 
 A resume through the group's holder imports no more than this module's own imports
-(engine/resuming.py says why); suspend imports the jobs when it runs.
+(engine/resuming.py says why); suspend imports its job (engine/suspension.py) when it runs.
 """
 import json
 import math
@@ -62,10 +62,10 @@ def suspend(pids, tree, store, timeout_s, as_json):
     Their GPU memory goes to the chunk store; `criu-gpushare resume` brings it back at the same
     addresses. On failure the workload runs on as before and the failed step is named.
     """
-    from ..engine import jobs
+    from ..engine import suspension
     clock = PhaseClock()
     settings = load_settings({"store": store, "timeout_s": timeout_s})
-    final = jobs.suspend(pids, settings, tree, report=lambda m: click.echo(m, err=True), mark=clock.mark)
+    final = suspension.suspend(pids, settings, tree, report=lambda m: click.echo(m, err=True), mark=clock.mark)
     key = min((final.get("result") or {}).get("pids") or pids)
     _finish(final, as_json, clock, too_late="the interrupt came once the suspend was done: the group "
             f"stays suspended; `criu-gpushare resume {key}` brings it back")

@@ -1,65 +1,26 @@
-"""The jobs: suspend, dump and restore, each built once here from one Settings, whichever door
-calls it: the commands (cli/suspend.py, cli/checkpoint.py) or the CRIU action script
-(hook/main.py); resume is engine/resuming.py's, which needs none of this at start. A door parses
-what it is given, loads the settings, calls a job and prints what it returns; an error goes up to
-the door's one catch, which exits with its code (errors.py).
+"""The CRIU jobs: dump and restore, each built once here from one Settings, whichever door calls
+it: the commands (cli/checkpoint.py) or the CRIU action script (hook/main.py). The in-place job,
+suspend, is engine/suspension.py's and resume engine/resuming.py's: neither imports CRIU's side. A
+door parses what it is given, loads the settings, calls a job and prints what it returns; an error
+goes up to the door's one catch, which exits with its code (errors.py).
 
 The settings come from engine/settings.py, one order for every door; a restore's store, where no
-setting names one, is the one its dump recorded in the image. A run's options (engine/steps.py
-Options) are made from the settings here only, and kept whole in its journal and, for a dump, in
-the image's record.
+setting names one, is the one its dump recorded in the image. A run's options are made from the
+settings by engine/steps.py Options.from_settings only, and kept whole in its journal and, for a
+dump, in the image's record.
 """
 import contextlib
 import os
 import shutil
-import time
 
 from ..criu import images, libdir, rpc
 from ..errors import Cancelled, Interrupted, ProcessError
-from ..shimctl.processes import process_tree, uses_cuda
 from ..store.s3client import is_s3_url
-from . import (cancel, dump, dumpwatch, holder, journal as jn, record as image_record, restore, results,
-               resuming, suspension)
+from . import cancel, dump, dumpwatch, record as image_record, restore, results, resuming
 from .faults import fault_point
 from .inthread import InThread
 from .settings import load_settings
-from .steps import Options
-
-
-def _options(settings, ref, **more):
-    """A run's options from its settings: the one place they are made."""
-    fields = {"store": settings.store, "timeout_s": settings.timeout_s, "ref": ref,
-              "verify": settings.verify, "cache": settings.cache, "cache_limit": settings.cache_limit}
-    return Options(**{**fields, **more})
-
-
-def _ref(kind, pid):
-    return f"{kind}-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
-
-
-# -- suspend -----------------------------------------------------------------------------------
-
-
-def _no_mark(phase):
-    pass
-
-
-def suspend(pids, settings, tree=False, report=print, mark=_no_mark):
-    """Suspend the processes pids (with tree, every descendant too) in a holder; -> its final
-    object (engine/holder.py; "interrupted" when a Ctrl-C came meanwhile). mark(phase): called
-    as each phase of this process ends (the command's phase clock)."""
-    out = []
-    for pid in pids:
-        if not os.path.exists(f"/proc/{pid}"):
-            raise ProcessError(pid, "no such process")
-        out.extend(process_tree(pid) if tree else [pid])
-    pids = sorted(set(out))
-    if not any(uses_cuda(pid) for pid in pids):
-        raise ProcessError(", ".join(map(str, pids)), "does not use CUDA: nothing to suspend")
-    options = _options(settings, _ref("suspend", min(pids)))
-    journal = jn.Journal.create("suspend", pids, jn.SUSPENDING, options=options)
-    mark("check (pids, settings, journal)")
-    return holder.start(suspension.SuspendWork(journal, options), on_progress=report, cancellable=True)
+from .steps import Options, new_ref
 
 
 # -- dump ----------------------------------------------------------------------------------------
@@ -85,7 +46,7 @@ class Dump:
         """pids: the tree's, where the caller has them already (dump.DumpJob)."""
         self.pid, self.images_dir, self.settings, self.report = pid, images_dir, settings, report
         # A dump reads no chunk: the node cache is left alone.
-        options = _options(settings, _ref("dump", pid), hold_kind="dump", cache=None, cache_limit=None)
+        options = Options.from_settings(settings, new_ref("dump", pid), hold_kind="dump", cache=None, cache_limit=None)
         self.job = dump.DumpJob(pid, images_dir, options, report=report, cancel=cancel_, pids=pids)
 
     @classmethod
@@ -245,7 +206,7 @@ class Restore:
 
     def options(self):
         rec = self.record
-        return _options(self.settings, rec["ref"], store=self.store or rec["store"],
+        return Options.from_settings(self.settings, rec["ref"], store=self.store or rec["store"],
                         gpu_map=self.settings.gpu_map or None)
 
     def journal(self, root):

@@ -118,6 +118,11 @@ class Beside:
         return self._seconds
 
 
+def new_ref(kind, pid):
+    """The store ref of a new checkpoint: what made it, of which process, when."""
+    return f"{kind}-{pid}-{time.strftime('%Y%m%dT%H%M%S')}"
+
+
 @dataclasses.dataclass
 class Options:
     store: str
@@ -129,6 +134,14 @@ class Options:
     cache: str = None              # the node cache, read before the store on the way back
     cache_limit: int = None
     pin_ahead: bool = False        # the save's process loads next (a suspend's holder): CopyEngine
+
+    @classmethod
+    def from_settings(cls, settings, ref, **more):
+        """A run's options from its settings (engine/settings.py): the one place they are made,
+        for every job (engine/jobs.py, engine/suspension.py)."""
+        fields = {"store": settings.store, "timeout_s": settings.timeout_s, "ref": ref,
+                  "verify": settings.verify, "cache": settings.cache, "cache_limit": settings.cache_limit}
+        return cls(**{**fields, **more})
 
     def stored(self):
         """The options whole, as the journal and the image record keep them."""

@@ -1,22 +1,47 @@
-"""Suspend in place and resume: the holder's job for `criu-gpushare suspend`, and the resume it does
-on request; recover finishes the work from the journal where no holder lives (engine/resuming.py
-decides which).
+"""Suspend in place and resume: the job `criu-gpushare suspend` calls (suspend: the group checked, its
+journal made, its holder started), the holder's work, and the resume it does on request; recover
+finishes the work from the journal where no holder lives (engine/resuming.py decides which). Apart
+from engine/jobs.py on purpose: a suspend imports none of CRIU's side.
 Each summary carries the phases timed where the work ran ("phases": discover and the steps; the
 store check, the steps and the release of the store's holds), for the command's own account."""
 import dataclasses
+import os
 import time
 
 from .. import waits
 from ..errors import GroupHeld, ProcessError
 from ..gpu.file_pages import release_later, wait_released
 from ..gpu.memory import drop_faulted
+from ..shimctl.processes import process_tree, uses_cuda
 from . import ahead, holder, journal as jn, results
 from .runner import Runner, SuspendHeld
-from .steps import IN_PLACE, Group, Options
+from .steps import IN_PLACE, Group, Options, new_ref
 
 
 class NothingToSuspend(ProcessError):
     """process {}: {}"""
+
+
+def _no_mark(phase):
+    pass
+
+
+def suspend(pids, settings, tree=False, report=print, mark=_no_mark):
+    """Suspend the processes pids (with tree, every descendant too) in a holder; -> its final
+    object (engine/holder.py; "interrupted" when a Ctrl-C came meanwhile). mark(phase): called
+    as each phase of this process ends (the command's phase clock)."""
+    out = []
+    for pid in pids:
+        if not os.path.exists(f"/proc/{pid}"):
+            raise ProcessError(pid, "no such process")
+        out.extend(process_tree(pid) if tree else [pid])
+    pids = sorted(set(out))
+    if not any(uses_cuda(pid) for pid in pids):
+        raise ProcessError(", ".join(map(str, pids)), "does not use CUDA: nothing to suspend")
+    options = Options.from_settings(settings, new_ref("suspend", min(pids)))
+    journal = jn.Journal.create("suspend", pids, jn.SUSPENDING, options=options)
+    mark("check (pids, settings, journal)")
+    return holder.start(SuspendWork(journal, options), on_progress=report, cancellable=True)
 
 
 class SuspendWork(holder.Work):

@@ -27,3 +27,15 @@ def test_help_imports_no_command():
     listed = r.stdout.splitlines()
     assert "suspend" in "\n".join(listed[:-1]) and "restore" in "\n".join(listed[:-1])
     assert listed[-1] == "['criu_gpushare.cli', 'criu_gpushare.errors']"
+
+
+def test_suspend_imports_nothing_of_the_criu_jobs():
+    """A suspend's start (before its holder forks) is paid on every in-place cycle: its job imports
+    neither CRIU's bindings nor the dump and restore built on them."""
+    probe = ("import sys; from criu_gpushare.cli import suspend; from criu_gpushare.engine import suspension\n"
+             "print(sorted(m for m in sys.modules if m.startswith(('criu_gpushare.criu', "
+             "'criu_gpushare.engine.jobs', 'criu_gpushare.engine.dump', 'criu_gpushare.engine.restore', "
+             "'criu_gpushare.engine.record'))))")
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[]\n", r.stdout
