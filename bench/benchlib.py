@@ -188,7 +188,12 @@ def cycle_lines(rows):
                              r.extra.get("cycle_back_phases") or [{}] * len(cycles),
                              cold.extra.get("cycle_back_phases") or [{}] * len(cycles)))
             slower = [(i, w - c, wp, cp) for i, ((_, w), (_, c), wp, cp) in enumerate(pairs, 1) if w > c]
-            lines.append(f"    warm back slower than cold in {len(slower)} of {len(cycles)} cycles")
+            # the differences beside how far the cold resumes fall from each other: same work, or not
+            diffs = [w - c for (_, w), (_, c) in zip(cycles, cold.extra["cycles"])]
+            colds = [c for _, c in cold.extra["cycles"]]
+            lines.append(f"    warm back slower than cold in {len(slower)} of {len(cycles)} cycles "
+                         f"(warm - cold: median {statistics.median(diffs):+.2f} s, {min(diffs):+.2f} to "
+                         f"{max(diffs):+.2f}; the cold ones {max(colds) - min(colds):.2f} s apart)")
             # where the difference went, so that a run answers whether it is structural or spread
             lines.extend(f"      cycle {i}: +{d:.2f} s; grown: {_grown(wp, cp)}" for i, d, wp, cp in slower if wp)
     if lines:

@@ -245,7 +245,8 @@ def test_repeated_cycles_show_the_median_one_and_count_warm_resumes_slower_than_
     assert (cold.out_s, cold.back_s) == (3.0, 1.7) and (warm.out_s, warm.back_s) == (1.2, 1.6)
     text = bl.cycle_lines([cold, warm])
     assert "single/tool/tmpfs: out 3.00 3.10 2.90 (median 3.00), back 1.70 1.60 1.90 (median 1.70)" in text
-    assert "warm back slower than cold in 1 of 3 cycles" in text, text
+    assert ("warm back slower than cold in 1 of 3 cycles (warm - cold: median -0.20 s, -0.30 to +0.20; "
+            "the cold ones 0.30 s apart)") in text, text
     # the slower cycle (the second: 1.8 against 1.6) names the phase that grew, and only that one
     assert "      cycle 2: +0.20 s; grown: restore +0.20\n" in text + "\n", text
     assert "cycle 1:" not in text and "cycle 3:" not in text
