@@ -8,6 +8,12 @@ import time
 
 import pytest
 
+from imports import modules_after
+
+# What a hook action leaves to the holder that serves it (each is most of a start).
+HOLDER_SERVED = ["criu_gpushare.engine.jobs", "criu_gpushare.store", "criu_gpushare.criu", "criu_gpushare.gpu",
+                 "criu_gpushare.shimctl", "cuda", "psutil"]
+
 HOOK = [sys.executable, "-m", "criu_gpushare.hook.entry"]  # what the installed command runs
 
 
@@ -27,12 +33,10 @@ def test_actions_it_does_not_use_let_criu_proceed(action):
 def test_an_action_it_does_not_use_imports_nothing_of_the_engine():
     """CRIU starts the hook for every action: those it ignores pay for the interpreter only, not
     for the engine, the store or CRIU's bindings (bench/startup_bench.py measures it)."""
-    probe = ("import os, sys; os.environ['CRTOOLS_SCRIPT_ACTION'] = 'network-lock'; "
-             "from criu_gpushare.hook.entry import main; rc = main(); "
-             "print(rc, sorted(m for m in sys.modules if m.startswith('criu_gpushare.')))")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout.split(" ", 1) == ["0", "['criu_gpushare.hook', 'criu_gpushare.hook.entry']\n"]
+    imported, _ = modules_after("import os; os.environ['CRTOOLS_SCRIPT_ACTION'] = 'network-lock'; "
+                                "from criu_gpushare.hook.entry import main; assert main() == 0",
+                                ["criu_gpushare."])
+    assert imported == ["criu_gpushare.hook", "criu_gpushare.hook.entry"]
 
 
 @pytest.mark.parametrize("action", ["post-dump", "post-restore", "post-resume"])
@@ -164,15 +168,12 @@ def test_pre_dump_forks_its_holder_before_the_engine_or_cuda_is_imported():
     """CRIU seizes nothing until pre-dump returns: what its process imports before the fork
     (the dump's holder, the settings, the tree's CUDA processes) leaves the engine, the store,
     CRIU's bindings and the driver's to the holder, which imports them while CUDA starts."""
-    probe = ("import sys; from criu_gpushare.hook import main; from criu_gpushare.engine.dump_holder import DumpHolder; "
-             "from criu_gpushare.engine.settings import load_settings; "
-             "from criu_gpushare.shimctl.processes import cuda_pids; "
-             "print(sorted(m for m in sys.modules if m.startswith(('criu_gpushare.engine.jobs', "
-             "'criu_gpushare.engine.steps', 'criu_gpushare.engine.dump', 'criu_gpushare.store', "
-             "'criu_gpushare.criu', 'cuda')) and m != 'criu_gpushare.engine.dump_holder'))")
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == "[]\n", r.stdout
+    imported, _ = modules_after("from criu_gpushare.hook import main; from criu_gpushare.engine.dump_holder import DumpHolder; "
+                                "from criu_gpushare.engine.settings import load_settings; "
+                                "from criu_gpushare.shimctl.processes import cuda_pids",
+                                ["criu_gpushare.engine.jobs", "criu_gpushare.engine.steps", "criu_gpushare.engine.dump",
+                                 "criu_gpushare.store", "criu_gpushare.criu", "cuda"])
+    assert imported == ["criu_gpushare.engine.dump_holder"]
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
@@ -251,19 +252,15 @@ def test_pre_restore_forks_its_holder_and_imports_none_of_the_jobs(tmp_path, mon
     criu = subprocess.Popen(["sleep", "60"])  # stands for CRIU: the holder watches it
     try:
         probe = f"""
-import os, sys
+import os
 os.environ.update(CRTOOLS_SCRIPT_ACTION="pre-restore", CRTOOLS_IMAGE_DIR={str(images)!r},
                   CRIU_GPUSHARE_RUN_DIR={str(run)!r}, CRIU_GPUSHARE_CONFIG=os.devnull)
 from criu_gpushare.hook import main as hook
 hook._criu_pid = lambda: {criu.pid}
 assert hook.main() == 0
-print(sorted(m for m in sys.modules if m.startswith(("criu_gpushare.engine.jobs", "criu_gpushare.store",
-             "criu_gpushare.criu", "criu_gpushare.gpu", "criu_gpushare.shimctl", "cuda", "psutil"))
-             and m not in ("criu_gpushare.gpu", "criu_gpushare.gpu.devices")))  # the settings' GPU map
 """
-        r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0, r.stderr
-        assert r.stdout == "[]\n", r.stdout
+        imported, _ = modules_after(probe, HOLDER_SERVED)
+        assert imported == ["criu_gpushare.gpu", "criu_gpushare.gpu.devices"]  # the settings' GPU map
         from criu_gpushare.engine import holder
         monkeypatch.setenv("CRIU_GPUSHARE_RUN_DIR", str(run))
         final = holder.ask(f"restore-{criu.pid}", "post-restore", on_progress=lambda m: None, root=4242)
@@ -280,7 +277,7 @@ def test_post_restore_and_a_post_resume_a_holder_serves_import_none_of_the_jobs(
     images.mkdir()
     (images / "criu-gpushare.json").write_text("{}")  # post-restore only looks for it
     probe = f"""
-import os, sys
+import os
 os.environ.update(CRTOOLS_SCRIPT_ACTION="post-restore", CRTOOLS_IMAGE_DIR={str(images)!r},
                   CRTOOLS_INIT_PID="4242", CRIU_GPUSHARE_RUN_DIR={str(tmp_path / "run")!r})
 from criu_gpushare.hook.entry import main
@@ -289,10 +286,7 @@ from criu_gpushare.engine import holder
 holder.ask = lambda key, cmd, on_progress, **f: {{"ok": True, "result": {{"pids": [f["root"]], "phases": {{"load": 1.0}}}}}}
 os.environ["CRTOOLS_SCRIPT_ACTION"] = "post-resume"
 assert main() == 0
-print(sorted(m for m in sys.modules if m.startswith(("criu_gpushare.engine.jobs", "criu_gpushare.store",
-             "criu_gpushare.criu", "criu_gpushare.gpu", "criu_gpushare.shimctl", "cuda", "psutil"))))
 """
-    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    assert r.stdout == "[]\n", r.stdout
+    imported, r = modules_after(probe, HOLDER_SERVED)
+    assert imported == []
     assert "post-resume: GPU state of 1 process(es) is back: load 1.00" in r.stderr, r.stderr
