@@ -18,6 +18,8 @@ command pays the same start before its first useful step. Cases:
              root pid for post-resume): the restored tree waits for it
   post-resume   the hook's post-resume with nothing to bring back: the start it pays before it asks
              the restore's holder
+  suspend-imports  what `criu-gpushare suspend` imports before it forks its holder (the command's
+             module and its job, engine/suspension.py), paid by every in-place suspend
   status     `criu-gpushare status` with no workload running (an empty state directory)
   resume     `criu-gpushare resume PID` of a group whose holder answers at once (a holder of this
              bench's, which loads nothing): the command's start, its journal check, the request and
@@ -121,6 +123,8 @@ def cases(py, images_dir, member, run_dir):
         # its own state directory, where post-restore's runs have left nothing to bring back
         "post-resume": ([py, "-c", hook], dict(restored, CRTOOLS_SCRIPT_ACTION="post-resume",
                                                CRIU_GPUSHARE_RUN_DIR=os.path.join(images_dir, "run")), None),
+        "suspend-imports": ([py, "-c", "from criu_gpushare.cli import suspend; "
+                                       "from criu_gpushare.engine import suspension"], {}, None),
         "status": ([py, "-m", "criu_gpushare.cli", "status"], {}, None),
         "resume": ([py, "-m", "criu_gpushare.cli", "resume", str(member)], {}, suspended(member)),
     }

@@ -38,7 +38,7 @@ def test_startup_bench_times_every_case():
     assert r.returncode == 0, r.stdout + r.stderr
     results = json.loads(r.stdout)
     assert set(results) == {"python", "cli-help", "hook-skip", "hook-skip-python", "pre-restore", "post-restore", "post-resume",
-                            "status", "resume"}
+                            "suspend-imports", "status", "resume"}
     assert all(case["median_ms"] > 0 for case in results.values()), results
 
 
