@@ -303,9 +303,7 @@ def pin_ready_times(count, threads):
 @contextlib.contextmanager
 def nothing_kept():
     """The buffers this process keeps for its next ring set aside meanwhile, then kept again."""
-    with memory._kept_lock:
-        kept = list(memory._kept)
-        memory._kept.clear()
+    kept = memory.take_kept()
     try:
         yield
     finally:

@@ -420,3 +420,12 @@ def keep_pinned(buffers):
     """Buffers a caller is done with, for the next PinnedRing of this process."""
     with _kept_lock:
         _kept.extend(buffers)
+
+
+def take_kept():
+    """The buffers kept for the next PinnedRing, taken (none is kept after): the caller frees them
+    or gives them back with keep_pinned."""
+    with _kept_lock:
+        taken = list(_kept)
+        _kept.clear()
+    return taken

@@ -159,10 +159,8 @@ def pinned_in_a_holder(session, store, mem, size, chunk, alloc, lose=None):
     unchanged, but for chunk `lose` of alloc, removed from the store first: the save copies it."""
     if lose is not None:
         os.unlink(store.chunks.chunk_path(alloc.chunks[lose].id))
-    with memory._kept_lock:  # what earlier engines kept: none of it for this case
-        for b in memory._kept:
-            b.free()
-        memory._kept.clear()
+    for b in memory.take_kept():  # what earlier engines kept: none of it for this case
+        b.free()
     made = {"ahead": 0, "on the path": 0}
     faulted = {"ahead": 0, "on the path": 0}
     real, real_faulted_in = memory.PinnedBuffer, memory._faulted_in
