@@ -46,7 +46,8 @@ class Dump:
         """pids: the tree's, where the caller has them already (dump.DumpJob)."""
         self.pid, self.images_dir, self.settings, self.report = pid, images_dir, settings, report
         # A dump reads no chunk: the node cache is left alone.
-        options = Options.from_settings(settings, new_ref("dump", pid), hold_kind="dump", cache=None, cache_limit=None)
+        options = Options.from_settings(settings, new_ref("dump", pid), hold_kind="dump", cache=None,
+                                        cache_limit=None)
         self.job = dump.DumpJob(pid, images_dir, options, report=report, cancel=cancel_, pids=pids)
 
     @classmethod
@@ -207,7 +208,7 @@ class Restore:
     def options(self):
         rec = self.record
         return Options.from_settings(self.settings, rec["ref"], store=self.store or rec["store"],
-                        gpu_map=self.settings.gpu_map or None)
+                                     gpu_map=self.settings.gpu_map or None)
 
     def journal(self, root):
         """CRIU restored the tree of root: its group under a restore journal (restore.journal_group),

@@ -168,7 +168,8 @@ def test_pre_dump_forks_its_holder_before_the_engine_or_cuda_is_imported():
     """CRIU seizes nothing until pre-dump returns: what its process imports before the fork
     (the dump's holder, the settings, the tree's CUDA processes) leaves the engine, the store,
     CRIU's bindings and the driver's to the holder, which imports them while CUDA starts."""
-    imported, _ = modules_after("from criu_gpushare.hook import main; from criu_gpushare.engine.dump_holder import DumpHolder; "
+    imported, _ = modules_after("from criu_gpushare.hook import main; "
+                                "from criu_gpushare.engine.dump_holder import DumpHolder; "
                                 "from criu_gpushare.engine.settings import load_settings; "
                                 "from criu_gpushare.shimctl.processes import cuda_pids",
                                 ["criu_gpushare.engine.jobs", "criu_gpushare.engine.steps", "criu_gpushare.engine.dump",
