@@ -184,13 +184,12 @@ def cycle_lines(rows):
         cold = next((c for c in rows if c.workload == r.workload and c.store == r.store
                      and c.path + "-warm" == r.path and c.extra.get("cycles")), None)
         if cold is not None:
-            pairs = list(zip(cycles, cold.extra["cycles"],
-                             r.extra.get("cycle_back_phases") or [{}] * len(cycles),
-                             cold.extra.get("cycle_back_phases") or [{}] * len(cycles)))
-            slower = [(i, w - c, wp, cp) for i, ((_, w), (_, c), wp, cp) in enumerate(pairs, 1) if w > c]
-            # the differences beside how far the cold resumes fall from each other: same work, or not
-            diffs = [w - c for (_, w), (_, c) in zip(cycles, cold.extra["cycles"])]
             colds = [c for _, c in cold.extra["cycles"]]
+            diffs = [w - c for w, c in zip(backs, colds)]  # warm - cold, cycle by cycle
+            phases = zip(r.extra.get("cycle_back_phases") or [{}] * len(cycles),
+                         cold.extra.get("cycle_back_phases") or [{}] * len(cycles))
+            slower = [(i, d, wp, cp) for i, (d, (wp, cp)) in enumerate(zip(diffs, phases), 1) if d > 0]
+            # the differences beside how far the cold resumes fall from each other: same work, or not
             lines.append(f"    warm back slower than cold in {len(slower)} of {len(cycles)} cycles "
                          f"(warm - cold: median {statistics.median(diffs):+.2f} s, {min(diffs):+.2f} to "
                          f"{max(diffs):+.2f}; the cold ones {max(colds) - min(colds):.2f} s apart)")
