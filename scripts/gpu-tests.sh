@@ -298,6 +298,41 @@ if [ -e "$REPO/.s3-carry/weed.xz" ]; then
     step "weed and boto3 (from .s3-carry/)" $rc
 fi
 
+# The same for what the package imports from elsewhere: this machine sets PYTHONDONTWRITEBYTECODE
+# and its environment holds psutil without bytecode (compiled again at each start: 40-60 ms of a
+# command's), and pycriu unpacked from a deb has none (its package's install would compile it).
+# Every module the package's commands, hook and holders can import, compiled where uncached.
+python3 - >>"$OUT/pip-install.log" 2>&1 <<'EOF'
+import importlib, importlib.util, os, pkgutil, py_compile, sys
+import criu_gpushare
+for m in pkgutil.walk_packages(criu_gpushare.__path__, "criu_gpushare."):
+    if m.name.endswith(".__main__") or not importlib.util.find_spec(m.name).origin.endswith(".py"):
+        continue  # the command line itself; the shim (a library, not a module)
+    try:
+        importlib.import_module(m.name)
+    except Exception as e:  # an optional part whose package is absent here (e.g. boto3)
+        print(f"not imported: {m.name}: {e}")
+for name in ("pycriu", "cuda.bindings.driver", "cuda.bindings.runtime", "xxhash"):
+    try:
+        importlib.import_module(name)
+    except Exception as e:
+        print(f"not imported: {name}: {e}")
+done = 0
+for mod in list(sys.modules.values()):
+    origin = getattr(getattr(mod, "__spec__", None), "origin", None) or ""
+    if origin.endswith(".py"):
+        try:
+            cached = importlib.util.cache_from_source(origin)
+            if not os.path.exists(cached):
+                py_compile.compile(origin, cfile=cached, doraise=True)
+                done += 1
+        except (OSError, py_compile.PyCompileError) as e:
+            print(f"not compiled: {origin}: {e}")
+print(f"bytecode cached for {done} modules the package imports")
+EOF
+step "cache the bytecode of what the package imports" $?
+tail -n 1 "$OUT/pip-install.log"
+
 banner "versions"
 {
     # key: value lines first (the summary quotes them), then the full outputs, indented
