@@ -301,9 +301,10 @@ fi
 # The same for what the package imports from elsewhere: this machine sets PYTHONDONTWRITEBYTECODE
 # and its environment holds psutil without bytecode (compiled again at each start: 40-60 ms of a
 # command's), and pycriu unpacked from a deb has none (its package's install would compile it).
-# Every module the package's commands, hook and holders can import, compiled where uncached.
+# Every module the package's commands, hook and holders can import, compiled where its bytecode is
+# missing or stale (also the package's own: a later call on a warm machine copies the tree anew).
 python3 - >>"$OUT/pip-install.log" 2>&1 <<'EOF'
-import importlib, importlib.util, os, pkgutil, py_compile, sys
+import compileall, importlib, importlib.util, pkgutil, sys
 import criu_gpushare
 for m in pkgutil.walk_packages(criu_gpushare.__path__, "criu_gpushare."):
     if m.name.endswith(".__main__") or not importlib.util.find_spec(m.name).origin.endswith(".py"):
@@ -317,18 +318,11 @@ for name in ("pycriu", "cuda.bindings.driver", "cuda.bindings.runtime", "xxhash"
         importlib.import_module(name)
     except Exception as e:
         print(f"not imported: {name}: {e}")
-done = 0
-for mod in list(sys.modules.values()):
-    origin = getattr(getattr(mod, "__spec__", None), "origin", None) or ""
-    if origin.endswith(".py"):
-        try:
-            cached = importlib.util.cache_from_source(origin)
-            if not os.path.exists(cached):
-                py_compile.compile(origin, cfile=cached, doraise=True)
-                done += 1
-        except (OSError, py_compile.PyCompileError) as e:
-            print(f"not compiled: {origin}: {e}")
-print(f"bytecode cached for {done} modules the package imports")
+origins = sorted({o for o in (getattr(getattr(m, "__spec__", None), "origin", None)
+                              for m in list(sys.modules.values())) if o and o.endswith(".py")})
+# compile_file rewrites bytecode that is missing or older than its source, and leaves the rest
+failed = [o for o in origins if not compileall.compile_file(o, quiet=1)]
+print(f"bytecode up to date for {len(origins) - len(failed)} of {len(origins)} modules the package imports")
 EOF
 step "cache the bytecode of what the package imports" $?
 tail -n 1 "$OUT/pip-install.log"
