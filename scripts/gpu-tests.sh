@@ -299,24 +299,20 @@ if [ -e "$REPO/.s3-carry/weed.xz" ]; then
 fi
 
 # The same for what the package imports from elsewhere: this machine sets PYTHONDONTWRITEBYTECODE
-# and its environment holds psutil without bytecode (compiled again at each start: 40-60 ms of a
+# and its environment holds psutil without bytecode (compiled again at each start: 36-59 ms of a
 # command's), and pycriu unpacked from a deb has none (its package's install would compile it).
 # Every module the package's commands, hook and holders can import, compiled where its bytecode is
 # missing or stale (also the package's own: a later call on a warm machine copies the tree anew).
 python3 - >>"$OUT/pip-install.log" 2>&1 <<'EOF'
 import compileall, importlib, importlib.util, pkgutil, sys
 import criu_gpushare
-for m in pkgutil.walk_packages(criu_gpushare.__path__, "criu_gpushare."):
-    if m.name.endswith(".__main__") or not importlib.util.find_spec(m.name).origin.endswith(".py"):
-        continue  # the command line itself; the shim (a library, not a module)
-    try:
-        importlib.import_module(m.name)
-    except Exception as e:  # an optional part whose package is absent here (e.g. boto3)
-        print(f"not imported: {m.name}: {e}")
-for name in ("pycriu", "cuda.bindings.driver", "cuda.bindings.runtime", "xxhash"):
+# not the command line itself (__main__ runs it), nor the shim (a library, not a module)
+names = [m.name for m in pkgutil.walk_packages(criu_gpushare.__path__, "criu_gpushare.")
+         if not m.name.endswith(".__main__") and importlib.util.find_spec(m.name).origin.endswith(".py")]
+for name in names + ["pycriu", "cuda.bindings.driver", "cuda.bindings.runtime", "xxhash"]:
     try:
         importlib.import_module(name)
-    except Exception as e:
+    except Exception as e:  # an optional part whose package is absent here (e.g. boto3)
         print(f"not imported: {name}: {e}")
 origins = sorted({o for o in (getattr(getattr(m, "__spec__", None), "origin", None)
                               for m in list(sys.modules.values())) if o and o.endswith(".py")})
