@@ -8,11 +8,13 @@
 #      NVSHMEM_DISABLE_NVLS=1); kills the processes an earlier run stopped before its cleanup left
 #      behind (said in OUT/steps.txt), and stops (exit 3) beside a run still going;
 #   2. `pip install --no-build-isolation --no-deps -e .` (no network there; editable so that the
-#      package imported from the repository root is the built one, shim included), then its
-#      bytecode compiled once, as a wheel's install does                 -> OUT/pip-install.log
+#      package imported from the repository root is the built one, shim included)
+#                                                                         -> OUT/pip-install.log
 #   3. unpacks the debs carried in .criu-debs/*.deb (Debian sid builds of CRIU 4.2.1 and pycriu, and
 #      Debian 12's runc for tests/gpu/test_runc_gpu.py: `apt-get download runc` into .criu-debs/)
 #      under $CRIU_PREFIX (default /opt/criu, never /) and puts them on PATH, LD_LIBRARY_PATH, PYTHONPATH;
+#      then compiles the bytecode of the package and of every module it imports, where missing or
+#      stale, as an install does                                          -> OUT/pip-install.log
 #   4. prints versions: kernel, nvidia-smi, driver, python packages, criu --version, criu check
 #      -> OUT/versions.txt
 #   5. `criu-gpushare doctor` and `criu-gpushare doctor --json`          -> OUT/doctor.txt, OUT/doctor.json
@@ -253,11 +255,6 @@ else
     fi
     step "pip install" $rc
     tail -n 3 "$OUT/pip-install.log"
-    # An editable install compiles nothing, and with PYTHONDONTWRITEBYTECODE set no command caches
-    # what it compiled: each would compile the package again at start. A wheel's install compiles
-    # it once; so does this, so that the figures are a user's.
-    python3 -m compileall -q -j 0 criu_gpushare >>"$OUT/pip-install.log" 2>&1
-    step "compile the package's bytecode" $?
 fi
 
 banner "CRIU"
@@ -298,29 +295,34 @@ if [ -e "$REPO/.s3-carry/weed.xz" ]; then
     step "weed and boto3 (from .s3-carry/)" $rc
 fi
 
-# The same for what the package imports from elsewhere: this machine sets PYTHONDONTWRITEBYTECODE
-# and its environment holds psutil without bytecode (compiled again at each start: 36-59 ms of a
-# command's), and pycriu unpacked from a deb has none (its package's install would compile it).
-# Every module the package's commands, hook and holders can import, compiled where its bytecode is
-# missing or stale (also the package's own: a later call on a warm machine copies the tree anew).
+# Bytecode, compiled once as an install does, so that the figures are a user's: this machine sets
+# PYTHONDONTWRITEBYTECODE, so no command caches what it compiles, and each would compile again at
+# start what has no bytecode: the package (an editable install compiles nothing, and a later call
+# on a warm machine copies the tree anew, leaving it stale), psutil as this environment holds it
+# (36-59 ms of a command's start), pycriu unpacked from a deb. Every module the package's commands,
+# hook and holders can import, compiled where its bytecode is missing or older than its source.
 python3 - >>"$OUT/pip-install.log" 2>&1 <<'EOF'
 import compileall, importlib, importlib.util, pkgutil, sys
 import criu_gpushare
-# not the command line itself (__main__ runs it), nor the shim (a library, not a module)
-names = [m.name for m in pkgutil.walk_packages(criu_gpushare.__path__, "criu_gpushare.")
-         if not m.name.endswith(".__main__") and importlib.util.find_spec(m.name).origin.endswith(".py")]
+# the command line itself is compiled, not imported (__main__ runs it); the shim is a library
+specs = (importlib.util.find_spec(m.name)
+         for m in pkgutil.walk_packages(criu_gpushare.__path__, "criu_gpushare."))
+package = [spec for spec in specs if spec.origin.endswith(".py")]
+names = [spec.name for spec in package if not spec.name.endswith(".__main__")]
 for name in names + ["pycriu", "cuda.bindings.driver", "cuda.bindings.runtime", "xxhash"]:
     try:
         importlib.import_module(name)
     except Exception as e:  # an optional part whose package is absent here (e.g. boto3)
         print(f"not imported: {name}: {e}")
-origins = sorted({o for o in (getattr(getattr(m, "__spec__", None), "origin", None)
+origins = sorted({spec.origin for spec in package} |
+                 {o for o in (getattr(getattr(m, "__spec__", None), "origin", None)
                               for m in list(sys.modules.values())) if o and o.endswith(".py")})
 # compile_file rewrites bytecode that is missing or older than its source, and leaves the rest
 failed = [o for o in origins if not compileall.compile_file(o, quiet=1)]
-print(f"bytecode up to date for {len(origins) - len(failed)} of {len(origins)} modules the package imports")
+print(f"bytecode up to date for {len(origins) - len(failed)} of {len(origins)} modules "
+      "(the package and what it imports)")
 EOF
-step "cache the bytecode of what the package imports" $?
+step "compile the bytecode of the package and what it imports" $?
 tail -n 1 "$OUT/pip-install.log"
 
 banner "versions"
