@@ -55,8 +55,10 @@
 # stages criu-memory host-memory overlap mapping").
 # Seen on the H200 (driver 580): install, CRIU and doctor ~40 s; tests/gpu/test_cuda_graphs.py
 # ~140 s; tests/hook/test_gpu_dump.py ~60 s; tests/engine > 140 s; the probes in tests/gpu ~6 min;
-# checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. A machine that
-# limits one command to 10 minutes needs several runs: split by GPU_PARTS, GPU_TESTS, REAL_SUITES.
+# checkpoint_bench at BENCH_SCALE=0.25 (single, empty, --criu, no disk) ~40 s. On an H100 (driver
+# 580): tests/gpu/test_criu_trees.py, test_suspend_torch.py and test_serving_tree.py ~245 s; against
+# the real driver tests/gpu_layer ~21 s and tests/hook ~190 s. A machine that limits one command to
+# 10 minutes needs several runs: split by GPU_PARTS, GPU_TESTS, REAL_SUITES.
 # Only a few files of OUT may come back: 0-summary.txt holds the summary and the probe figures,
 # 0-bench-checkpoint.txt and .json, 0-bench-startup.txt, 0-bench-host-memory.txt,
 # 0-bench-criu-memory.txt and 0-bench-disk-writes.txt the benches' output (also that of a bench the run's timeout stopped, as far as it got).
