@@ -35,7 +35,8 @@ def test_suspend_imports_nothing_of_the_criu_jobs():
 
 def test_finding_a_tree_does_not_import_psutil():
     """Every suspend, dump and restore walks its process tree: the kernel's lists of children do
-    it without importing psutil (6-20 ms of a start; psutil serves kernels without those lists)."""
+    it without importing psutil (12-17 ms of a start, bench/RESULTS.md "twenty-eighth"; psutil
+    serves kernels without those lists)."""
     imported, _ = modules_after("import os\n"
                                 "from criu_gpushare.cli import suspend, checkpoint\n"
                                 "from criu_gpushare.engine import suspension, dump, restore\n"

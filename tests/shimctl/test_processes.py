@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from criu_gpushare.errors import ProcessError
@@ -34,8 +35,7 @@ def walk(request, monkeypatch):
 
 
 def parent_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    return psutil.Process(pid).ppid()  # read apart from either walk
 
 
 def test_a_tree_lists_the_root_and_every_descendant_parents_first(walk):
